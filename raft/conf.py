@@ -1,0 +1,54 @@
+"""Raft settings for one node, with units in the names and their relations checked."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RaftConfig:
+    # This node's Raft address (host:port) for group 0; group g listens on port + g.
+    self_addr: str
+    # The other nodes' Raft addresses for group 0, same port convention.
+    peers: tuple[str, ...] = ()
+    # Where journals, snapshots and LMDB environments live.
+    data_dir: str = "./schedulerd-data"
+    # Raft groups on this node; shards are spread over them (shard % groups).
+    groups: int = 1
+    # Election timeout is drawn from [min, max] seconds. Lower = faster failover,
+    # but too low on a loaded 2-core box causes needless elections.
+    election_timeout_s_min: float = 0.5
+    election_timeout_s_max: float = 1.0
+    # Leader heartbeat period; commands are sent at once (no batching delay).
+    append_entries_period_s: float = 0.05
+    # A leader that has not heard from a majority for this long steps down
+    # (pysyncobj's default of 30 s lets an isolated leader believe for too long).
+    leader_fallback_s: float = 1.5
+    # Compact the log into an LMDB snapshot after this many entries or seconds.
+    compaction_entries_min: int = 20_000
+    compaction_interval_s: float = 600.0
+    # Virtual size of each LMDB map (a sparse file; grows as data does).
+    lmdb_map_bytes: int = 32 << 30
+
+    def validate(self) -> None:
+        if not 0 < self.election_timeout_s_min < self.election_timeout_s_max:
+            raise ValueError("need 0 < election_timeout_s_min < election_timeout_s_max")
+        if self.append_entries_period_s * 3 > self.election_timeout_s_min:
+            raise ValueError("append_entries_period_s must be at most a third of election_timeout_s_min, "
+                             "or followers time out between heartbeats")
+        if self.leader_fallback_s <= self.election_timeout_s_max:
+            raise ValueError("leader_fallback_s must exceed election_timeout_s_max so a healthy "
+                             "leader is not demoted before its followers would elect another")
+        if not 1 <= self.groups <= 64:
+            raise ValueError("groups must be 1..64")
+        for addr in (self.self_addr, *self.peers):
+            group_addr(addr, 0)
+
+    def node_addrs(self, group: int) -> tuple[str, list[str]]:
+        return group_addr(self.self_addr, group), [group_addr(p, group) for p in self.peers]
+
+
+def group_addr(addr: str, group: int) -> str:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) + group < 65536:
+        raise ValueError(f"bad Raft address {addr!r}; expected HOST:PORT")
+    return f"{host}:{int(port) + group}"

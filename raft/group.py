@@ -1,0 +1,156 @@
+"""One Raft group: a pysyncobj SyncObj whose state machine is one LMDB store.
+
+pysyncobj sees exactly one replicated method, `apply_entry(blob)`; the blob's
+own op code says what it is (renaming or adding @replicated methods would
+renumber them and change what old log entries mean)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Callable
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+
+from raft import journal, snapshot
+from raft.conf import RaftConfig
+from storage import fsm
+from storage.db import Store
+from storage.ops import Op
+
+log = logging.getLogger("schedulerd.raft")
+
+Applied = Callable[[int, "Op | None", dict[str, Any]], None]
+
+
+class ProposalFailed(Exception):
+    """The entry was not committed; `maybe_applied` says whether it could still have been."""
+
+    def __init__(self, reason: str, maybe_applied: bool) -> None:
+        super().__init__(reason)
+        self.maybe_applied = maybe_applied
+
+
+_FAILURES = {
+    FAIL_REASON.QUEUE_FULL: ("command queue full", False),
+    FAIL_REASON.MISSING_LEADER: ("no leader", False),
+    FAIL_REASON.NOT_LEADER: ("leader changed", False),
+    FAIL_REASON.REQUEST_DENIED: ("request denied", False),
+    FAIL_REASON.DISCARDED: ("entry discarded by a new leader", False),
+    FAIL_REASON.LEADER_CHANGED: ("leader changed before commit", True),
+}
+
+
+class _Replica(SyncObj):
+    def __init__(self, group: "Group", self_addr: str, peers: list[str], conf: SyncObjConf) -> None:
+        self._group = group
+        super().__init__(self_addr, peers, conf)
+
+    @replicated
+    def apply_entry(self, blob: bytes) -> Any:
+        # raftLastApplied + 1 is the index of the entry being applied, the same on every node.
+        return self._group._apply(self.raftLastApplied + 1, blob)
+
+
+def _fatal_default(message: str) -> None:
+    log.critical("fatal_apply_error %s; stopping the node (it replays the entry on restart)", message)
+    logging.shutdown()
+    os._exit(70)
+
+
+class Group:
+    """A Raft group on this node. Thread model: pysyncobj's tick thread applies
+    entries and fires callbacks; asyncio callers get results through futures."""
+
+    def __init__(self, group_id: int, conf: RaftConfig, on_applied: Applied | None = None,
+                 on_fatal: Callable[[str], None] = _fatal_default) -> None:
+        self.group_id = group_id
+        self.conf = conf
+        self._on_applied = on_applied
+        self._on_fatal = on_fatal
+        os.makedirs(conf.data_dir, exist_ok=True)
+        base = os.path.join(conf.data_dir, f"group-{group_id}")
+        self.store = Store(base + ".lmdb", group_id, conf.lmdb_map_bytes)
+        self.self_addr, self.peers = conf.node_addrs(group_id)
+        journal.install()
+        journal_path = base + ".journal"
+        sconf = SyncObjConf(
+            journalFile=journal_path,
+            fullDumpFile=base + ".snapshot",
+            serializer=lambda path, data: snapshot.write(self.store, path, data),
+            deserializer=lambda path: snapshot.restore(self.store, path),
+            appendEntriesUseBatch=False,
+            appendEntriesPeriod=conf.append_entries_period_s,
+            raftMinTimeout=conf.election_timeout_s_min,
+            raftMaxTimeout=conf.election_timeout_s_max,
+            leaderFallbackTimeout=conf.leader_fallback_s,
+            logCompactionMinEntries=conf.compaction_entries_min,
+            logCompactionMinTime=conf.compaction_interval_s,
+            dynamicMembershipChange=False,
+            commandsWaitLeader=False,
+        )
+        self.replica = _Replica(self, self.self_addr, self.peers, sconf)
+        self.journal = journal.journal_for(journal_path)
+        journal.make_durable(self.replica, self.journal)
+
+    def _apply(self, index: int, blob: bytes) -> Any:
+        """Never lets an exception escape into pysyncobj: one that did would freeze the tick."""
+        try:
+            op, result = fsm.apply(self.store, index, blob)
+        except fsm.FatalApplyError as exc:
+            self._on_fatal(f"group={self.group_id} {exc}")
+            return {"fatal": str(exc)}
+        if self._on_applied is not None and op is not None:
+            try:
+                self._on_applied(self.group_id, op, result)
+            except Exception:
+                log.exception("on_applied callback failed group=%d raft_index=%d", self.group_id, index)
+        return result
+
+    def propose(self, blob: bytes, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
+        """Append blob to the log; the future resolves with the apply result once this
+        node has applied it (so a read on this node right after sees it)."""
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: int) -> None:
+            if fut.done():
+                return
+            if error == FAIL_REASON.SUCCESS:
+                fut.set_result(result)
+            else:
+                reason, maybe = _FAILURES.get(error, (f"outcome unknown (reason {error})", True))
+                fut.set_exception(ProposalFailed(reason, maybe))
+
+        def done(result: Any, error: int) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(settle, result, error)
+
+        self.replica.apply_entry(blob, callback=done)
+        return fut
+
+    def is_leader(self) -> bool:
+        return self.replica._isLeader()
+
+    def status(self) -> dict[str, Any]:
+        s = self.replica.getStatus()
+        leader = s["leader"]
+        return {
+            "group": self.group_id,
+            "self": self.self_addr,
+            "leader": leader.address if leader is not None else None,
+            "is_leader": self.is_leader(),
+            "term": s["raft_term"],
+            "commit_index": s["commit_idx"],
+            "last_applied": s["last_applied"],
+            "leader_commit_index": s["leader_commit_idx"],
+            "has_quorum": s["has_quorum"],
+            "ready": self.replica.isReady(),
+            "peers": self.peers,
+            "journal_entries": s["log_len"],
+            "fsync": self.journal.stats_dict() if hasattr(self.journal, "stats_dict") else None,
+        }
+
+    def destroy(self) -> None:
+        # Wait for the tick thread: it may be mid-apply on the store we close next.
+        self.replica.destroy_synchronous()
+        self.store.close()

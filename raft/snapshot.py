@@ -1,0 +1,76 @@
+"""Log compaction snapshots: the LMDB environment itself, not a pickled object.
+
+pysyncobj calls `write` in its tick thread when it compacts the log, and
+`restore` when it loads a snapshot: at start-up (its own file) and when a
+lagging or wiped node receives one from the leader. The file is
+`MAGIC | u32 header length | msgpack header | LMDB copy`; the header carries
+the two log entries pysyncobj needs to resume the log after the snapshot."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+from typing import Any
+
+import msgpack
+
+from storage.db import Store
+
+log = logging.getLogger("schedulerd.snapshot")
+
+MAGIC = b"SCHEDSNAP1"
+_LEN = struct.Struct(">I")
+LMDB_FILE = "data.mdb"
+
+
+def write(store: Store, path: str, data: tuple[Any, ...]) -> None:
+    """Write a snapshot of the store as of the last applied entry, fsynced.
+
+    `data` is pysyncobj's (last applied entry, the entry before it, cluster);
+    entries are (command bytes, index, term)."""
+    last, prev, _cluster = data
+    header = msgpack.packb({"last": list(last), "prev": list(prev), "last_applied": store.last_applied()},
+                           use_bin_type=True)
+    with open(path, "wb") as f:
+        f.write(MAGIC + _LEN.pack(len(header)) + header)
+        f.flush()
+        store.env.copyfd(f.fileno(), compact=True)
+        os.fsync(f.fileno())
+    log.info("snapshot_written path=%s raft_index=%d bytes=%d", path, last[1], os.path.getsize(path))
+
+
+def read_header(path: str) -> tuple[dict[str, Any], int]:
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise ValueError(f"{path} is not a schedulerd snapshot")
+        (length,) = _LEN.unpack(f.read(_LEN.size))
+        header = msgpack.unpackb(f.read(length), raw=False)
+        return header, f.tell()
+
+
+def restore(store: Store, path: str) -> tuple[Any, ...]:
+    """Make the store at least as new as the snapshot; return pysyncobj's entries.
+
+    The local LMDB is durable on its own (sync on), so after a restart it is
+    usually ahead of its last snapshot and is kept: the journal replay skips
+    what it already has. Only a store that is behind (wiped, or a lagging node
+    sent a snapshot) is replaced by the snapshot's copy."""
+    header, offset = read_header(path)
+    local = store.last_applied()
+    if local < header["last_applied"]:
+        tmp = os.path.join(store.path, LMDB_FILE + ".restore")
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            src.seek(offset)
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            os.fsync(dst.fileno())
+        with store.swapping():
+            os.replace(tmp, os.path.join(store.path, LMDB_FILE))
+            lock = os.path.join(store.path, "lock.mdb")
+            if os.path.exists(lock):
+                os.remove(lock)
+        log.warning("snapshot_restored path=%s local_last_applied=%d snapshot_last_applied=%d",
+                    path, local, header["last_applied"])
+    last, prev = header["last"], header["prev"]
+    return (tuple(last), tuple(prev), None)

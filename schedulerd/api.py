@@ -1,0 +1,76 @@
+"""The aiohttp application: error mapping in one middleware, cluster and
+health routes here, job and task routes in their own modules."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from schedulerd import routes_jobs, routes_tasks
+from schedulerd.errors import SchedulerError, Unavailable, status_of
+from schedulerd.lease_queue import LeaseQueue
+from schedulerd.node import Node
+
+log = logging.getLogger("schedulerd.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+RETRY_AFTER_S = "1"
+
+
+def error_response(status: int, code: str, message: str) -> web.Response:
+    resp = web.json_response({"error": {"code": code, "message": message}}, status=status)
+    if status == 503:
+        resp.headers["Retry-After"] = RETRY_AFTER_S
+    return resp
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except SchedulerError as exc:
+        return error_response(status_of(exc), exc.code, exc.message)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(413, "too_large", f"request body is too large: {exc.text}")
+    except web.HTTPNotFound:
+        return error_response(404, "not_found", f"no route {request.method} {request.path}")
+    except web.HTTPMethodNotAllowed as exc:
+        return error_response(405, "method_not_allowed", f"{request.method} not allowed; use {', '.join(sorted(exc.allowed_methods))}")
+    except Exception:
+        log.exception("request_failed method=%s path=%s", request.method, request.path)
+        return error_response(500, "internal", "internal error; see the server log")
+
+
+def make_app(node: Node, leases: LeaseQueue) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware], client_max_size=node.config.limits.request_bytes_max)
+
+    async def cluster(request: web.Request) -> web.Response:
+        return web.json_response({"node": node.config.raft.self_addr,
+                                  "http": f"{node.config.http_host}:{node.config.http_port}",
+                                  "groups": [g.status() for g in node.groups],
+                                  "poll_waiters": leases.waiters})
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(request: web.Request) -> web.Response:
+        problems = _readiness_problems([g.status() for g in node.groups])
+        if problems:
+            raise Unavailable("; ".join(problems))
+        return web.json_response({"ok": True})
+
+    app.add_routes([web.get("/v1/cluster", cluster), web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    app.add_routes(routes_jobs.routes(node))
+    app.add_routes(routes_tasks.routes(node, leases))
+    return app
+
+
+def _readiness_problems(statuses: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for s in statuses:
+        if s["leader"] is None:
+            problems.append(f"group {s['group']} has no leader")
+        elif not s["ready"]:
+            problems.append(f"group {s['group']} is catching up (applied {s['last_applied']})")
+    return problems

@@ -1,0 +1,398 @@
+"""Synchronous HTTP client of the schedulerd API (docs/api.md).
+
+Stdlib only (`http.client`), so `schedctl` starts in milliseconds and a worker
+process pulls in nothing it does not need. Every method returns the server's
+JSON document unchanged and raises the typed errors of `schedulerd.errors`:
+the same classes the server raised, rebuilt with `from_wire`.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+from urllib.parse import quote, urlencode, urlsplit
+
+from schedulerd.errors import (
+    Conflict,
+    OutcomeUnknown,
+    SchedulerError,
+    Unavailable,
+    from_wire,
+)
+
+# A live node accepts a TCP connection in milliseconds; one that takes longer
+# is down or blackholed, and waiting for it would eat the time meant for failover.
+CONNECT_S_MAX = 2.0
+# One server may use at most this share of the deadline, so a frozen node
+# (accepts, never answers) still leaves time to try another.
+ATTEMPT_SHARE = 0.5
+# A long-poll legitimately stays silent for wait_s; this is the slack on top.
+POLL_MARGIN_S = 5.0
+# Pause between full rounds over the servers: doubles from MIN up to MAX.
+BACKOFF_S_MIN = 0.05
+BACKOFF_S_MAX = 1.0
+# A 503's Retry-After is honoured, but never beyond this: an election takes
+# about a second, and the caller's deadline matters more than the hint.
+RETRY_AFTER_S_MAX = 2.0
+# How much of an unexpected (non-JSON, 5xx) body goes into the error message.
+ERROR_TEXT_CHARS_MAX = 200
+USER_AGENT = "schedulerd-client/0.1"
+
+
+@dataclass(frozen=True)
+class _Server:
+    url: str  # as given, without a trailing slash: used in messages
+    https: bool
+    host: str
+    port: int | None
+    prefix: str  # path before /v1, e.g. behind a reverse proxy
+
+
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    body: bytes
+    retry_after_s: float
+
+
+class _TransportError(Exception):
+    """No HTTP answer from one server: refused, reset, timed out or cut off.
+
+    `ambiguous` is true when the request may have reached the server, i.e. the
+    connection was up: a write may then have been applied without our knowing."""
+
+    def __init__(self, reason: str, ambiguous: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.ambiguous = ambiguous
+
+
+def _parse_servers(servers: Sequence[str] | str) -> list[_Server]:
+    urls = servers.split(",") if isinstance(servers, str) else list(servers)
+    parsed = [_parse_server(url.strip()) for url in urls if url.strip()]
+    if not parsed:
+        raise ValueError("no server URL given")
+    return parsed
+
+
+def _parse_server(url: str) -> _Server:
+    # A bare host:port is the common typo; http is the daemon's default scheme.
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"bad server URL {url!r}: expected http(s)://HOST:PORT")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"bad server URL {url!r}: {exc}") from None
+    return _Server(
+        url=url.rstrip("/"),
+        https=parts.scheme == "https",
+        host=parts.hostname,
+        port=port,
+        prefix=parts.path.rstrip("/"),
+    )
+
+
+def _short(body: bytes) -> str:
+    text = " ".join(body.decode("utf-8", "replace").split())
+    return text[:ERROR_TEXT_CHARS_MAX] or "(empty body)"
+
+
+def _retry_after_s(value: str | None) -> float:
+    # Only the delta-seconds form: the daemon never sends an HTTP date.
+    try:
+        return max(0.0, float(value)) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _wire_error(body: bytes) -> tuple[str, str] | None:
+    try:
+        error = json.loads(body)["error"]
+        return str(error["code"]), str(error["message"])
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _decode(response: _Response) -> Any:
+    """The JSON document of a non-503 answer, or the typed error it carries."""
+    status, body = response.status, response.body
+    if 200 <= status < 300:
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise SchedulerError(f"HTTP {status}: not JSON: {_short(body)}") from None
+    error = _wire_error(body)
+    if 400 <= status < 500 and error is not None:
+        raise from_wire(*error)
+    detail = error[1] if error is not None else _short(body)
+    raise SchedulerError(f"HTTP {status}: {detail}")
+
+
+def _unavailable(response: _Response) -> Unavailable:
+    error = _wire_error(response.body)
+    if error is None:
+        return Unavailable(f"HTTP 503: {_short(response.body)}")
+    exc = from_wire(*error)
+    # A 503 is retried whatever code it carries; keep the class when it fits.
+    return exc if isinstance(exc, Unavailable) else Unavailable(exc.message)
+
+
+def _maybe_applied(failures: Sequence[Exception]) -> bool:
+    return any(
+        isinstance(f, OutcomeUnknown) or (isinstance(f, _TransportError) and f.ambiguous)
+        for f in failures
+    )
+
+
+class Client:
+    """A client of one schedulerd cluster, given as one or more base URLs.
+
+    Each call fails over: servers are tried in order starting with the last
+    one that answered; a refused or dropped connection, a timeout or a 503
+    moves on to the next; after a full round the client backs off (honouring
+    `Retry-After`, capped) and goes round again until `timeout_s` has passed
+    since the call began. Then it raises the last error; when that was a
+    connection failure, `Unavailable("no server reachable: ...")`.
+    A 4xx raises the typed error the server sent; any other unexpected
+    answer (5xx, non-JSON) raises `SchedulerError` with the status.
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[str] | str,
+        timeout_s: float = 10.0,
+        token: str | None = None,
+    ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.servers = _parse_servers(servers)
+        self.timeout_s = timeout_s
+        self._token = token
+        self._preferred = 0  # index of the last server that answered
+
+    # -- jobs ---------------------------------------------------------------
+
+    def create_job(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a job from `spec` (the body of `POST /v1/jobs`); returns the job.
+
+        Safe to retry. Without a `job_id` in `spec` the client generates one
+        (`uuid4().hex`) before the first attempt, so every attempt proposes the
+        same job. If an attempt may have landed (connection cut or timed out
+        after sending, or 503 `outcome_unknown`) and a later attempt gets 409
+        `conflict`, the first attempt did create the job: the client fetches
+        and returns it. The flip side: a job created by someone else under the
+        same caller-chosen id in that window is returned as if it were ours.
+        When the call gives up after such an ambiguous attempt it raises
+        `OutcomeUnknown` naming the job_id to retry with.
+        """
+        body = dict(spec)
+        if not body.get("job_id"):
+            body["job_id"] = uuid.uuid4().hex
+        job_id = body["job_id"]
+        failures: list[Exception] = []
+        try:
+            return self._request("POST", "/v1/jobs", body, failures=failures)
+        except Conflict:
+            if not _maybe_applied(failures):
+                raise
+            return self.get_job(job_id)
+        except Unavailable as exc:
+            if not _maybe_applied(failures):
+                raise
+            raise OutcomeUnknown(
+                f"{exc.message}; job {job_id!r} may have been created: retry with this job_id"
+            ) from exc
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/jobs/{_part(job_id)}")
+
+    def list_jobs(
+        self,
+        state: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """One page: `{"jobs": [...], "next_cursor": "...|null"}`, ordered by job_id."""
+        query = {"state": state, "queue": queue, "limit": limit, "cursor": cursor}
+        return self._request("GET", "/v1/jobs", query=query)
+
+    def iter_jobs(
+        self,
+        state: str | None = None,
+        queue: str | None = None,
+        page_size: int = 100,
+    ) -> Iterator[dict[str, Any]]:
+        """Every matching job, fetching pages of `page_size` as it goes."""
+        cursor: str | None = None
+        while True:
+            page = self.list_jobs(state=state, queue=queue, limit=page_size, cursor=cursor)
+            yield from page["jobs"]
+            next_cursor = page.get("next_cursor")
+            if next_cursor is None:
+                return
+            # A server that hands back the cursor it was given would loop us forever.
+            if next_cursor == cursor:
+                raise SchedulerError(f"server returned the same cursor twice: {cursor!r}")
+            cursor = next_cursor
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/jobs/{_part(job_id)}")
+
+    def job_runs(
+        self, job_id: str, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """One page of runs, oldest first: `{"runs": [...], "next_cursor": ...}`."""
+        query = {"limit": limit, "cursor": cursor}
+        return self._request("GET", f"/v1/jobs/{_part(job_id)}/runs", query=query)
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/runs/{_part(run_id)}")
+
+    def cluster(self) -> dict[str, Any]:
+        return self._request("GET", "/v1/cluster")
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/healthz")
+
+    # -- tasks (workers) ----------------------------------------------------
+
+    def poll(
+        self,
+        worker_id: str,
+        queues: Sequence[str] | str,
+        max_tasks: int = 1,
+        wait_s: float = 0,
+    ) -> dict[str, Any]:
+        """Lease up to `max_tasks` due runs; waits up to `wait_s` for one: `{"tasks": [...]}`."""
+        # A bare string would otherwise be sent as a list of one-letter queues.
+        queue_list = [queues] if isinstance(queues, str) else list(queues)
+        body = {"worker_id": worker_id, "queues": queue_list,
+                "max_tasks": max_tasks, "wait_s": wait_s}
+        return self._request("POST", "/v1/tasks/poll", body, wait_s=wait_s)
+
+    def heartbeat(self, run_id: str, worker_id: str, fence: int) -> dict[str, Any]:
+        body = {"worker_id": worker_id, "fence": fence}
+        return self._request("POST", f"/v1/tasks/{_part(run_id)}/heartbeat", body)
+
+    def ack(
+        self, run_id: str, worker_id: str, fence: int, result: Any = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"worker_id": worker_id, "fence": fence}
+        if result is not None:
+            body["result"] = result
+        return self._request("POST", f"/v1/tasks/{_part(run_id)}/ack", body)
+
+    def nack(self, run_id: str, worker_id: str, fence: int, error: str) -> dict[str, Any]:
+        body = {"worker_id": worker_id, "fence": fence, "error": error}
+        return self._request("POST", f"/v1/tasks/{_part(run_id)}/nack", body)
+
+    # -- transport ----------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+        wait_s: float = 0,
+        failures: list[Exception] | None = None,
+    ) -> Any:
+        """Send one request with failover and backoff (see the class docstring).
+
+        `wait_s` is how long the server may legitimately hold the request (long
+        poll): it extends both the deadline and each attempt's read timeout.
+        Every retried failure is appended to `failures` when given."""
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        target = f"{path}?{urlencode(params)}" if params else path
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        attempt_s = wait_s + POLL_MARGIN_S if wait_s else self.timeout_s * ATTEMPT_SHARE
+        deadline = time.monotonic() + self.timeout_s + wait_s
+        unreachable: dict[str, str] = {}
+        backoff_s = BACKOFF_S_MIN
+        last: Exception
+        while True:
+            retry_after_s = 0.0
+            for index in self._round():
+                server = self.servers[index]
+                read_s = min(attempt_s, deadline - time.monotonic())
+                try:
+                    response = self._send(server, method, target, data, read_s)
+                except _TransportError as exc:
+                    unreachable[server.url] = exc.reason
+                    last = exc
+                else:
+                    unreachable.pop(server.url, None)
+                    if response.status != 503:
+                        self._preferred = index
+                        return _decode(response)
+                    last = _unavailable(response)
+                    retry_after_s = max(retry_after_s, response.retry_after_s)
+                if failures is not None:
+                    failures.append(last)
+                if time.monotonic() >= deadline:
+                    raise _give_up(last, unreachable)
+            # Jitter spreads the clients that all lost the same leader at once.
+            pause_s = max(backoff_s * random.uniform(0.5, 1.0),
+                          min(retry_after_s, RETRY_AFTER_S_MAX))
+            if time.monotonic() + pause_s >= deadline:
+                raise _give_up(last, unreachable)
+            time.sleep(pause_s)
+            backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
+
+    def _round(self) -> list[int]:
+        count = len(self.servers)
+        return [(self._preferred + offset) % count for offset in range(count)]
+
+    def _send(
+        self, server: _Server, method: str, target: str, data: bytes | None, read_s: float
+    ) -> _Response:
+        connection_class = http.client.HTTPSConnection if server.https else http.client.HTTPConnection
+        conn = connection_class(server.host, server.port, timeout=min(read_s, CONNECT_S_MAX))
+        connected = False
+        try:
+            conn.connect()
+            connected = True
+            # Connect and read have separate budgets: see CONNECT_S_MAX.
+            conn.sock.settimeout(read_s)
+            conn.request(method, server.prefix + target, body=data, headers=self._headers(data))
+            response = conn.getresponse()
+            return _Response(response.status, response.read(),
+                             _retry_after_s(response.getheader("Retry-After")))
+        except ConnectionRefusedError:
+            raise _TransportError("connection refused", ambiguous=False) from None
+        except TimeoutError:
+            phase = "read" if connected else "connect"
+            raise _TransportError(f"{phase} timed out", ambiguous=connected) from None
+        except (OSError, http.client.HTTPException) as exc:
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise _TransportError(reason, ambiguous=connected) from None
+        finally:
+            conn.close()
+
+    def _headers(self, data: bytes | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return headers
+
+
+def _part(value: str) -> str:
+    """One URL path segment: ids may hold '/', '?' or '%' in error cases."""
+    return quote(str(value), safe="")
+
+
+def _give_up(last: Exception, unreachable: Mapping[str, str]) -> Exception:
+    """The error a call ends with: the last one, a connection failure spelled out."""
+    if isinstance(last, _TransportError):
+        where = "; ".join(f"{url}: {reason}" for url, reason in unreachable.items())
+        return Unavailable(f"no server reachable: {where}")
+    return last

@@ -1,0 +1,40 @@
+"""Daemon configuration: one frozen dataclass, each field with its unit and why."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from raft.conf import RaftConfig
+from schedulerd.limits import Limits
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    raft: RaftConfig
+    # HTTP API address.
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    limits: Limits = field(default_factory=Limits)
+    # Lease granted to a worker per delivery; heartbeats extend it by the same.
+    lease_s: float = 30.0
+    # How often the group leader scans the due index and the lease-expiry index.
+    scan_interval_s: float = 0.1
+    # Claim occurrences this far ahead of their time, so the run is already in the
+    # ready queue (available at its scheduled time) when it comes due.
+    lookahead_s: float = 1.0
+    # How long a request waits for its entry to commit before answering 503.
+    propose_timeout_s: float = 5.0
+
+    def validate(self) -> None:
+        self.raft.validate()
+        self.limits.validate()
+        if not 1.0 <= self.lease_s <= 3600:
+            raise ValueError("lease_s must be within 1..3600 seconds")
+        if not 0.01 <= self.scan_interval_s <= 5:
+            raise ValueError("scan_interval_s must be within 0.01..5 seconds")
+        if not 0 <= self.lookahead_s <= 60:
+            raise ValueError("lookahead_s must be within 0..60 seconds")
+        if self.lookahead_s < self.scan_interval_s:
+            raise ValueError("lookahead_s must cover at least one scan_interval_s, or due runs "
+                             "reach the ready queue up to a scan late")
+        if not 0 < self.http_port < 65536:
+            raise ValueError("http_port must be 1..65535")

@@ -1,0 +1,103 @@
+"""Typed errors at the edges. The HTTP layer maps each class to a status in one
+table (`STATUS`); the client maps the wire `code` back to the class, so a caller
+of the SDK or CLI catches the same exceptions the server raised."""
+from __future__ import annotations
+
+
+class SchedulerError(Exception):
+    """The scheduler could not do what was asked."""
+
+    code = "error"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or self.code).strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidRequest(SchedulerError):
+    """The request is malformed."""
+
+    code = "invalid_request"
+
+
+class InvalidJob(InvalidRequest):
+    """The job definition is not valid."""
+
+    code = "invalid_job"
+
+
+class LimitExceeded(InvalidRequest):
+    """The request asks for more than a configured limit allows."""
+
+    code = "limit_exceeded"
+
+
+class TooLarge(SchedulerError):
+    """The request body or payload is larger than allowed."""
+
+    code = "too_large"
+
+
+class NotFound(SchedulerError):
+    """No such job or run."""
+
+    code = "not_found"
+
+
+class Conflict(SchedulerError):
+    """The object is not in a state that allows this change."""
+
+    code = "conflict"
+
+
+class StaleFence(Conflict):
+    """The lease is no longer held by this worker with this fence."""
+
+    code = "stale_fence"
+
+
+class Unavailable(SchedulerError):
+    """No leader or no quorum right now; retry shortly."""
+
+    code = "unavailable"
+
+
+class OutcomeUnknown(Unavailable):
+    """The write may or may not have been applied; retry it with the same id."""
+
+    code = "outcome_unknown"
+
+
+class Unauthorized(SchedulerError):
+    """Missing or bad credentials."""
+
+    code = "unauthorized"
+
+
+STATUS: dict[type[SchedulerError], int] = {
+    InvalidRequest: 400,
+    InvalidJob: 400,
+    LimitExceeded: 400,
+    TooLarge: 413,
+    NotFound: 404,
+    Conflict: 409,
+    StaleFence: 409,
+    Unavailable: 503,
+    OutcomeUnknown: 503,
+    Unauthorized: 401,
+    SchedulerError: 500,
+}
+
+BY_CODE: dict[str, type[SchedulerError]] = {cls.code: cls for cls in STATUS}
+
+
+def status_of(error: SchedulerError) -> int:
+    return STATUS[type(error)] if type(error) in STATUS else 500
+
+
+def from_wire(code: str, message: str) -> SchedulerError:
+    """Rebuild the typed error a server sent as `{"error": {"code", "message"}}`."""
+    return BY_CODE.get(code, SchedulerError)(message)

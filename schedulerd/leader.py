@@ -1,0 +1,81 @@
+"""The group leader's loops: the due scan (occurrences -> runs) and the lease
+reaper (expired leases -> retry or dead letter).
+
+Being leader is only a belief here (an isolated leader keeps it until
+leader_fallback_s): these loops merely *propose*. Claims and expiries are
+compare-and-set in apply, so a stale leader's proposal is rejected or never
+commits; nothing is dispatched on belief alone."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from raft.group import Group
+from schedulerd.errors import SchedulerError
+from schedulerd.node import Node
+from storage import queries
+from storage.ops import Op
+
+log = logging.getLogger("schedulerd.leader")
+
+
+class LeaderLoops:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.stats = {"claimed": 0, "claims_stale": 0, "expired": 0, "dead_letter": 0, "scan_errors": 0}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._run(group)) for group in self.node.groups]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _run(self, group: Group) -> None:
+        interval = self.node.config.scan_interval_s
+        while True:
+            try:
+                if group.is_leader():
+                    busy = await self.claim_due(group)
+                    busy |= await self.expire_leases(group)
+                    if busy:
+                        continue
+            except SchedulerError as exc:
+                self.stats["scan_errors"] += 1
+                log.warning("leader_scan_failed group=%d error=%s", group.group_id, exc)
+            await asyncio.sleep(interval)
+
+    async def claim_due(self, group: Group) -> bool:
+        """Claim what is due up to now + lookahead; True if a full batch was claimed (scan again now)."""
+        cfg, limits = self.node.config, self.node.config.limits
+        now = self.node.clock.now_us()
+        until = now + int(cfg.lookahead_s * 1_000_000)
+        with self.node.read(group) as (txn, tables):
+            due = queries.due(txn, tables, self.node.shards_of(group), until, limits.scan_batch_max)
+        if not due:
+            return False
+        due.sort(key=lambda item: item[1])
+        batch = due[: limits.claim_batch_max]
+        result = await self.node.propose(group, Op.CLAIM_BATCH,
+                                         {"now": now, "claims": [[job_id, fire] for job_id, fire in batch]})
+        self.stats["claimed"] += len(result["runs"])
+        self.stats["claims_stale"] += result["stale"]
+        log.debug("claim_batch group=%d claimed=%d stale=%d", group.group_id, len(result["runs"]), result["stale"])
+        return len(due) > len(batch)
+
+    async def expire_leases(self, group: Group) -> bool:
+        limits = self.node.config.limits
+        now = self.node.clock.now_us()
+        with self.node.read(group) as (txn, tables):
+            expired = queries.expired_leases(txn, tables, now, limits.expire_batch_max)
+        if not expired:
+            return False
+        result = await self.node.propose(group, Op.EXPIRE_LEASES,
+                                         {"now": now, "runs": [list(item) for item in expired]})
+        self.stats["expired"] += result["expired"]
+        self.stats["dead_letter"] += result["dead_letter"]
+        log.info("leases_expired group=%d count=%d dead_letter=%d", group.group_id, result["expired"],
+                 result["dead_letter"])
+        return len(expired) >= limits.expire_batch_max

@@ -1,0 +1,90 @@
+"""Long-poll leasing: a worker's poll waits until runs of its queues are
+ready, then leases them through one committed LEASE_BATCH entry.
+
+Any node can serve a poll: it reads candidates from its own replica and
+proposes; apply grants only runs still leasable at the entry's `now`, so two
+nodes racing for one run give it to exactly one. Runs already inside this
+node's in-flight proposals are skipped so local pollers do not collide."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from raft.group import Group
+from schedulerd import views
+from schedulerd.errors import LimitExceeded
+from schedulerd.node import Node
+from storage import queries
+from storage.ops import Op
+
+US = 1_000_000
+
+
+class LeaseQueue:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.waiters = 0
+        self.leased = 0
+        self._in_flight: set[str] = set()
+
+    async def poll(self, worker_id: str, queues: list[str], max_tasks: int, wait_s: float) -> list[dict[str, Any]]:
+        limits = self.node.config.limits
+        if self.waiters >= limits.poll_waiters_max:
+            raise LimitExceeded(f"poll_waiters_max ({limits.poll_waiters_max}) long-polls already wait on this node")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        self.waiters += 1
+        try:
+            while True:
+                signal = self.node.ready_signal()
+                tasks = await self._lease_once(worker_id, queues, max_tasks)
+                remaining = deadline - loop.time()
+                if tasks or remaining <= 0:
+                    return tasks
+                try:
+                    await asyncio.wait_for(signal.wait(), min(remaining, self._until_next_ready(queues)))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self.waiters -= 1
+
+    def _until_next_ready(self, queues: list[str]) -> float:
+        """Seconds until the earliest run of these queues becomes available (a retry
+        backoff ending or a run claimed ahead of its time); no apply signals that."""
+        now = self.node.clock.now_us()
+        best = float("inf")
+        for group in self.node.groups:
+            with self.node.read(group) as (txn, tables):
+                at = queries.next_ready_us(txn, tables, queues)
+            if at is not None:
+                best = min(best, max(0.0, (at - now) / US))
+        return best + 0.001 if best != float("inf") else 3600.0
+
+    async def _lease_once(self, worker_id: str, queues: list[str], max_tasks: int) -> list[dict[str, Any]]:
+        tasks: list[dict[str, Any]] = []
+        for group in self.node.groups:
+            want = max_tasks - len(tasks)
+            if want <= 0:
+                break
+            tasks.extend(await self._lease_from(group, worker_id, queues, want))
+        return tasks
+
+    async def _lease_from(self, group: Group, worker_id: str, queues: list[str], want: int) -> list[dict[str, Any]]:
+        now = self.node.clock.now_us()
+        with self.node.read(group) as (txn, tables):
+            candidates = queries.ready(txn, tables, queues, now, want, self._in_flight)
+        if not candidates:
+            return []
+        run_ids = [run_id for _, run_id in candidates]
+        self._in_flight.update(run_ids)
+        try:
+            result = await self.node.propose(group, Op.LEASE_BATCH, {
+                "now": now,
+                "lease_until": now + int(self.node.config.lease_s * US),
+                "grants": [[worker_id, run_ids]],
+            })
+        finally:
+            self._in_flight.difference_update(run_ids)
+        granted = result["grants"][0][1]
+        self.leased += len(granted)
+        return [views.task(t) for t in granted]

@@ -1,0 +1,48 @@
+"""Every limit of the daemon, in one place, with units in the names.
+
+Hitting one is a typed error that names the limit (never a silent clamp) and
+a metric."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Limits:
+    # Encoded JSON size of one job's payload.
+    payload_bytes_max: int = 64 * 1024
+    # Whole request body; above payload_bytes_max to leave room for the job's other fields.
+    request_bytes_max: int = 1024 * 1024
+    # Encoded JSON size of a result sent with an ack.
+    result_bytes_max: int = 16 * 1024
+    # Length of a nack's error text.
+    error_chars_max: int = 4 * 1024
+    # Jobs in one POST /v1/jobs:batch (one Raft entry; keep it well under 64 KiB chunking).
+    create_batch_max: int = 100
+    # Due occurrences claimed in one Raft entry.
+    claim_batch_max: int = 500
+    # Due-index keys read per scan tick.
+    scan_batch_max: int = 2000
+    # Runs leased in one Raft entry and tasks in one poll response.
+    lease_batch_max: int = 100
+    # Acks or heartbeats in one batch request.
+    ack_batch_max: int = 500
+    # Expired leases requeued in one Raft entry.
+    expire_batch_max: int = 500
+    # Longest long-poll a worker may ask for, seconds.
+    long_poll_s_max: float = 30.0
+    # Page size of list endpoints.
+    page_size_max: int = 1000
+    # Records read to fill one filtered list page.
+    list_scan_max: int = 10_000
+    # Waiting long-polls per node.
+    poll_waiters_max: int = 10_000
+
+    def validate(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"limit {f.name} must be positive")
+        if self.payload_bytes_max >= self.request_bytes_max:
+            raise ValueError("payload_bytes_max must be below request_bytes_max")
+        if self.claim_batch_max > self.scan_batch_max:
+            raise ValueError("claim_batch_max cannot exceed scan_batch_max")

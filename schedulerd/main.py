@@ -1,0 +1,122 @@
+"""`schedulerd`: run one node (the embedded single-node default with no flags),
+or `schedulerd dev-cluster` to start three local nodes for trying it out."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+import click
+import uvloop
+from aiohttp import web
+
+from raft.conf import RaftConfig
+from schedulerd.api import make_app
+from schedulerd.clock import Clock
+from schedulerd.config import NodeConfig
+from schedulerd.leader import LeaderLoops
+from schedulerd.lease_queue import LeaseQueue
+from schedulerd.node import Node
+
+log = logging.getLogger("schedulerd")
+
+RAFT_PORT_OFFSET = 1000  # default --raft port = --http port + this
+
+
+def _addr(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{what} must be HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+async def serve(config: NodeConfig) -> None:
+    loop = asyncio.get_running_loop()
+    node = Node(config, Clock())
+    node.start(loop)
+    leases = LeaseQueue(node)
+    loops = LeaderLoops(node)
+    loops.start()
+    runner = web.AppRunner(make_app(node, leases), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
+    await site.start()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("node_started http=%s:%d raft=%s peers=%s data_dir=%s", config.http_host, config.http_port,
+             config.raft.self_addr, ",".join(config.raft.peers) or "-", config.raft.data_dir)
+    await stop.wait()
+    log.info("node_stopping")
+    await runner.cleanup()
+    await loops.stop()
+    node.stop()
+
+
+@click.group(invoke_without_command=True)
+@click.option("--data-dir", default="./schedulerd-data", show_default=True, help="Journal, snapshots and LMDB.")
+@click.option("--http", "http_addr", default="127.0.0.1:8080", show_default=True, help="HTTP API HOST:PORT.")
+@click.option("--raft", "raft_addr", default=None, help="Raft HOST:PORT [default: HTTP host, port + 1000].")
+@click.option("--peers", default="", help="The other nodes' --raft addresses, comma-separated.")
+@click.option("--groups", default=1, show_default=True, help="Raft groups per node (each uses raft port + g).")
+@click.option("--lease-s", default=30.0, show_default=True, help="Lease length per delivery, seconds.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.pass_context
+def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None, peers: str, groups: int,
+        lease_s: float, log_level: str) -> None:
+    """Run a schedulerd node. With no flags: a single-node cluster on 127.0.0.1:8080."""
+    if ctx.invoked_subcommand is not None:
+        return
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    host, port = _addr(http_addr, "--http")
+    raft_addr = raft_addr or f"{host}:{port + RAFT_PORT_OFFSET}"
+    _addr(raft_addr, "--raft")
+    peer_list = tuple(p.strip() for p in peers.split(",") if p.strip())
+    for p in peer_list:
+        _addr(p, "--peers entry")
+    config = NodeConfig(raft=RaftConfig(self_addr=raft_addr, peers=peer_list, data_dir=data_dir, groups=groups),
+                        http_host=host, http_port=port, lease_s=lease_s)
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    uvloop.run(serve(config))
+
+
+@cli.command("dev-cluster")
+@click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 7))
+@click.option("--base-port", default=8080, show_default=True, help="Node i serves HTTP on base-port + i.")
+@click.option("--data-dir", default="./schedulerd-dev", show_default=True, help="Node i keeps data in DIR/node-i.")
+def dev_cluster(nodes: int, base_port: int, data_dir: str) -> None:
+    """Start NODES local nodes in one command (Ctrl-C stops them all)."""
+    raft = [f"127.0.0.1:{base_port + RAFT_PORT_OFFSET + 100 * i}" for i in range(nodes)]
+    procs = []
+    for i in range(nodes):
+        args = [sys.executable, "-m", "schedulerd.main", "--data-dir", os.path.join(data_dir, f"node-{i}"),
+                "--http", f"127.0.0.1:{base_port + i}", "--raft", raft[i],
+                "--peers", ",".join(r for j, r in enumerate(raft) if j != i)]
+        procs.append(subprocess.Popen(args))
+        click.echo(f"node-{i}: http://127.0.0.1:{base_port + i}  raft {raft[i]}  pid {procs[-1].pid}")
+    try:
+        for p in procs:
+            p.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait()
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

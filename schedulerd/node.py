@@ -1,0 +1,87 @@
+"""This node's Raft groups and the one way the daemon changes state: propose
+a command, await its apply result, map failures to typed errors."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import lmdb
+
+from raft.group import Group, ProposalFailed
+from schedulerd.clock import Clock
+from schedulerd.config import NodeConfig
+from schedulerd.errors import OutcomeUnknown, Unavailable
+from storage import keys, ops
+from storage.db import Tables
+from storage.ops import Op
+
+log = logging.getLogger("schedulerd.node")
+
+# Ops after which a ready run may have appeared (or a lease ended): wake long-polls.
+READY_CHANGING = frozenset({Op.CLAIM_BATCH, Op.NACK, Op.EXPIRE_LEASES})
+
+
+class Node:
+    def __init__(self, config: NodeConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.groups: list[Group] = []
+        self._ready_event = asyncio.Event()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.groups = [Group(g, self.config.raft, on_applied=self._on_applied)
+                       for g in range(self.config.raft.groups)]
+
+    def stop(self) -> None:
+        for group in self.groups:
+            group.destroy()
+
+    def _on_applied(self, group_id: int, op: Op, result: dict[str, Any]) -> None:
+        """Runs in a Raft tick thread."""
+        if op in READY_CHANGING and self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._pulse_ready)
+
+    def _pulse_ready(self) -> None:
+        event, self._ready_event = self._ready_event, asyncio.Event()
+        event.set()
+
+    def ready_signal(self) -> asyncio.Event:
+        """The event the next ready-changing apply sets. Take it *before* looking for
+        work, then wait on it: a pulse in between is not lost."""
+        return self._ready_event
+
+    def group_of_job(self, job_id: str) -> Group:
+        return self.groups[keys.shard_of(job_id) % len(self.groups)]
+
+    def group_of_run(self, run_id: str) -> Group | None:
+        head, _, _ = run_id.partition("-")
+        if not head.isdigit() or int(head) >= len(self.groups):
+            return None
+        return self.groups[int(head)]
+
+    def shards_of(self, group: Group) -> list[int]:
+        return [s for s in range(keys.SHARDS) if s % len(self.groups) == group.group_id]
+
+    @contextmanager
+    def read(self, group: Group) -> Iterator[tuple[lmdb.Transaction, Tables]]:
+        with group.store.read() as txn:
+            yield txn, group.store.tables
+
+    async def propose(self, group: Group, op: Op, payload: dict[str, Any]) -> dict[str, Any]:
+        """Commit one command through Raft and return its apply result on this node."""
+        assert self.loop is not None
+        payload.setdefault("now", self.clock.now_us())
+        fut = group.propose(ops.encode(op, payload), self.loop)
+        try:
+            return await asyncio.wait_for(fut, self.config.propose_timeout_s)
+        except ProposalFailed as exc:
+            if exc.maybe_applied:
+                raise OutcomeUnknown(f"{op.name}: {exc}; it may have been applied — retry with the same id") from None
+            raise Unavailable(f"{op.name} not committed: {exc}") from None
+        except asyncio.TimeoutError:
+            raise OutcomeUnknown(f"{op.name} not committed within {self.config.propose_timeout_s}s "
+                                 "(no quorum?); it may still be applied — retry with the same id") from None

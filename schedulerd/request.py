@@ -1,0 +1,84 @@
+"""Parsing request bodies and query strings: every field checked, every error
+naming the field and what is allowed."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from schedulerd.errors import InvalidRequest, LimitExceeded, TooLarge
+
+
+async def body(request: web.Request) -> dict[str, Any]:
+    try:
+        data = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("body must be a JSON object")
+    return data
+
+
+def string(data: dict[str, Any], name: str, *, max_len: int = 256, default: str | None = None) -> str:
+    value = data.get(name, default)
+    if not isinstance(value, str) or not value or len(value) > max_len:
+        raise InvalidRequest(f"{name} must be a non-empty string of at most {max_len} characters")
+    return value
+
+
+def integer(data: dict[str, Any], name: str, *, low: int, high: int, default: int | None = None,
+            limit_name: str | None = None) -> int:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{name} must be an integer")
+    if not low <= value <= high:
+        if limit_name and value > high:
+            raise LimitExceeded(f"{name}={value} is over {limit_name} ({high})")
+        raise InvalidRequest(f"{name} must be from {low} to {high}")
+    return value
+
+
+def number(data: dict[str, Any], name: str, *, low: float, high: float, default: float,
+           limit_name: str) -> float:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(f"{name} must be a number")
+    if value > high:
+        raise LimitExceeded(f"{name}={value} is over {limit_name} ({high})")
+    if value < low:
+        raise InvalidRequest(f"{name} must be at least {low}")
+    return float(value)
+
+
+def items(data: dict[str, Any], name: str, *, max_items: int, limit_name: str) -> list[Any]:
+    value = data.get(name)
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"{name} must be a non-empty list")
+    if len(value) > max_items:
+        raise LimitExceeded(f"{name} has {len(value)} items; {limit_name} is {max_items}")
+    return value
+
+
+def query_int(request: web.Request, name: str, *, default: int, low: int, high: int, limit_name: str) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"query parameter {name} must be an integer") from None
+    return integer({name: value}, name, low=low, high=high, limit_name=limit_name)
+
+
+def fence(data: dict[str, Any]) -> int:
+    return integer(data, "fence", low=0, high=2**63 - 1)
+
+
+def result_json(data: dict[str, Any], max_bytes: int) -> str | None:
+    if "result" not in data:
+        return None
+    encoded = json.dumps(data["result"], separators=(",", ":"))
+    if len(encoded.encode()) > max_bytes:
+        raise TooLarge(f"result is {len(encoded.encode())} bytes encoded; result_bytes_max is {max_bytes}")
+    return encoded

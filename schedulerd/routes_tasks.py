@@ -1,0 +1,142 @@
+"""HTTP routes for workers: poll, heartbeat, ack, nack (single and batch)."""
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from raft.group import Group
+from schedulerd import request as req, views
+from schedulerd.errors import InvalidRequest, NotFound, from_wire
+from schedulerd.lease_queue import LeaseQueue
+from schedulerd.node import Node
+from schedulerd.timefmt import to_iso
+from storage.ops import Op
+
+US = 1_000_000
+
+
+def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
+    limits = node.config.limits
+
+    async def poll(request: web.Request) -> web.Response:
+        data = await req.body(request)
+        worker_id = req.string(data, "worker_id", max_len=128)
+        queues = req.items(data, "queues", max_items=64, limit_name="queues per poll (64)")
+        if not all(isinstance(q, str) and q for q in queues):
+            raise InvalidRequest("queues must be a list of queue names")
+        max_tasks = req.integer(data, "max_tasks", low=1, high=limits.lease_batch_max, default=1,
+                                limit_name="lease_batch_max")
+        wait_s = req.number(data, "wait_s", low=0, high=limits.long_poll_s_max, default=0,
+                            limit_name="long_poll_s_max")
+        tasks = await leases.poll(worker_id, list(dict.fromkeys(queues)), max_tasks, wait_s)
+        return web.json_response({"tasks": tasks})
+
+    async def heartbeat_one(request: web.Request) -> web.Response:
+        data = await req.body(request)
+        result = (await _heartbeat(node, req.string(data, "worker_id", max_len=128),
+                                   [(request.match_info["run_id"], req.fence(data))]))[0]
+        if not result["ok"]:
+            raise from_wire(result["error"]["code"], result["error"]["message"])
+        return web.json_response({"lease_until": result["lease_until"]})
+
+    async def heartbeat_batch(request: web.Request) -> web.Response:
+        data = await req.body(request)
+        worker_id = req.string(data, "worker_id", max_len=128)
+        raw = req.items(data, "leases", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
+        pairs = [(req.string(item, "run_id"), req.fence(item)) for item in _objects(raw, "leases")]
+        return web.json_response({"results": await _heartbeat(node, worker_id, pairs)})
+
+    async def ack_one(request: web.Request) -> web.Response:
+        data = await req.body(request)
+        item = (request.match_info["run_id"], req.fence(data), req.result_json(data, limits.result_bytes_max))
+        result = (await _ack(node, req.string(data, "worker_id", max_len=128), [item]))[0]
+        if not result["ok"]:
+            raise from_wire(result["error"]["code"], result["error"]["message"])
+        return web.json_response({"run": result["run"]})
+
+    async def ack_batch(request: web.Request) -> web.Response:
+        data = await req.body(request)
+        worker_id = req.string(data, "worker_id", max_len=128)
+        raw = req.items(data, "acks", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
+        acks = [(req.string(item, "run_id"), req.fence(item), req.result_json(item, limits.result_bytes_max))
+                for item in _objects(raw, "acks")]
+        results = await _ack(node, worker_id, acks)
+        return web.json_response({"results": [{k: v for k, v in r.items() if k != "run"} for r in results]})
+
+    async def nack(request: web.Request) -> web.Response:
+        data = await req.body(request)
+        run_id = request.match_info["run_id"]
+        error = data.get("error", "")
+        if not isinstance(error, str):
+            raise InvalidRequest("error must be a string")
+        group = _group(node, run_id)
+        result = await node.propose(group, Op.NACK, {
+            "worker_id": req.string(data, "worker_id", max_len=128), "run_id": run_id,
+            "fence": req.fence(data), "error": error[: limits.error_chars_max] or "nack without error text"})
+        if not result["ok"]:
+            raise from_wire(result["code"], result["message"])
+        return web.json_response({"run": views.run(result["run"])})
+
+    return [
+        web.post("/v1/tasks/poll", poll),
+        web.post("/v1/tasks/heartbeat", heartbeat_batch),
+        web.post("/v1/tasks/ack", ack_batch),
+        web.post("/v1/tasks/{run_id}/heartbeat", heartbeat_one),
+        web.post("/v1/tasks/{run_id}/ack", ack_one),
+        web.post("/v1/tasks/{run_id}/nack", nack),
+    ]
+
+
+def _objects(raw: list[Any], name: str) -> list[dict[str, Any]]:
+    if not all(isinstance(item, dict) for item in raw):
+        raise InvalidRequest(f"each item of {name} must be an object")
+    return raw
+
+
+def _group(node: Node, run_id: str) -> Group:
+    group = node.group_of_run(run_id)
+    if group is None:
+        raise NotFound(f"no run {run_id!r}")
+    return group
+
+
+def _by_group(node: Node, items: list[tuple[Any, ...]]) -> dict[int, list[tuple[Any, ...]]]:
+    out: dict[int, list[tuple[Any, ...]]] = {}
+    for item in items:
+        out.setdefault(_group(node, item[0]).group_id, []).append(item)
+    return out
+
+
+def _item_result(r: dict[str, Any]) -> dict[str, Any]:
+    if r["ok"]:
+        return {"run_id": r["run_id"], "ok": True}
+    return {"run_id": r["run_id"], "ok": False, "error": {"code": r["code"], "message": r["message"]}}
+
+
+async def _heartbeat(node: Node, worker_id: str, pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    now = node.clock.now_us()
+    found: dict[str, dict[str, Any]] = {}
+    for group_id, group_pairs in _by_group(node, pairs).items():
+        result = await node.propose(node.groups[group_id], Op.HEARTBEAT, {
+            "now": now, "worker_id": worker_id, "lease_until": now + int(node.config.lease_s * US),
+            "leases": [list(p) for p in group_pairs]})
+        for r in result["results"]:
+            out = _item_result(r)
+            if r["ok"]:
+                out["lease_until"] = to_iso(r["lease_until_us"])
+            found[r["run_id"]] = out
+    return [found[run_id] for run_id, _ in pairs]
+
+
+async def _ack(node: Node, worker_id: str, acks: list[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for group_id, group_acks in _by_group(node, acks).items():
+        result = await node.propose(node.groups[group_id], Op.ACK,
+                                    {"worker_id": worker_id, "acks": [list(a) for a in group_acks]})
+        for r in result["results"]:
+            out = _item_result(r)
+            if r["ok"]:
+                out["run"] = views.run(r["run"])
+            found[r["run_id"]] = out
+    return [found[run_id] for run_id, _, _ in acks]

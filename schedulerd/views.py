@@ -1,0 +1,61 @@
+"""Stored records -> the JSON shapes of docs/api.md. Field names here are a
+contract with clients and tests: keep them."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from schedulerd.timefmt import to_iso
+
+
+def job(rec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "job_id": rec["job_id"],
+        "state": rec["state"],
+        "schedule": rec["schedule_spec"],
+        "queue": rec["queue"],
+        "payload": json.loads(rec["payload_json"]),
+        "max_attempts": rec["max_attempts"],
+        "priority": rec["priority"],
+        "next_fire_time": to_iso(rec["next_fire_us"]),
+        "created_at": to_iso(rec["created_us"]),
+        "updated_at": to_iso(rec["updated_us"]),
+    }
+
+
+def run(rec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "run_id": rec["run_id"],
+        "job_id": rec["job_id"],
+        "scheduled_time": to_iso(rec["scheduled_us"]),
+        "state": rec["state"],
+        "attempt": rec["attempt"],
+        "queue": rec["queue"],
+        "priority": rec["priority"],
+        "available_at": to_iso(rec["available_us"]),
+        "worker_id": rec["worker_id"],
+        "fence": rec["fence"],
+        "lease_until": to_iso(rec["lease_until_us"]),
+        "created_at": to_iso(rec["created_us"]),
+        "finished_at": to_iso(rec["finished_us"]),
+        "result": json.loads(rec["result_json"]) if rec["result_json"] is not None else None,
+        "error": rec["error"],
+    }
+
+
+def idempotency_key(job_id: str, scheduled_us: int) -> str:
+    return f"{job_id}:{to_iso(scheduled_us)}"
+
+
+def task(rec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "run_id": rec["run_id"],
+        "job_id": rec["job_id"],
+        "queue": rec["queue"],
+        "scheduled_time": to_iso(rec["scheduled_us"]),
+        "attempt": rec["attempt"],
+        "fence": rec["fence"],
+        "idempotency_key": idempotency_key(rec["job_id"], rec["scheduled_us"]),
+        "lease_until": to_iso(rec["lease_until_us"]),
+        "payload": json.loads(rec["payload_json"]),
+    }

@@ -1,0 +1,518 @@
+"""Worker SDK: long-poll every server for due tasks, run them under a
+heartbeated lease, ack or nack. At-least-once: a task whose ack is lost comes
+back after its lease, so handlers dedupe on `Task.idempotency_key`."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import os
+import random
+import secrets
+import signal
+import socket
+import threading
+import traceback
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Coroutine, Sequence
+from urllib.parse import quote
+
+import aiohttp
+
+from schedulerd import timefmt
+from schedulerd.errors import Conflict, SchedulerError, StaleFence, Unavailable, from_wire
+
+log = logging.getLogger("schedulerd.worker")
+
+LEASE_BATCH_MAX = 100  # server's max_tasks limit per poll
+ERROR_BYTES_MAX = 4096  # nack error text, head line plus innermost frames
+_ERROR_HEAD_BYTES_MAX = 1024  # so a huge message cannot crowd out the traceback
+_TRACEBACK_FRAMES_MAX = 8
+HEARTBEAT_INTERVAL_S_MIN = 0.5
+_REQUEST_TIMEOUT_S = 10.0  # ack/nack/heartbeat; a poll gets wait_s on top
+_CONNECT_TIMEOUT_S = 3.0  # a black-holed node must not pin a poll loop's slots
+_BACKOFF_S_FIRST = 0.1
+_BACKOFF_S_MAX = 2.0
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Failures that say "this node, right now" rather than "this request": retry elsewhere.
+_TRANSIENT = (aiohttp.ClientError, asyncio.TimeoutError, Unavailable)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+Handler = Callable[["Task"], Any]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One delivery of a run. `fence` identifies this lease; `idempotency_key`
+    (`job_id:scheduled_time`) is the same on every redelivery of the occurrence."""
+
+    run_id: str
+    job_id: str
+    queue: str
+    scheduled_time: datetime
+    attempt: int
+    fence: int
+    idempotency_key: str
+    lease_until: datetime
+    payload: Any
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Task:
+        return cls(
+            run_id=str(data["run_id"]),
+            job_id=str(data["job_id"]),
+            queue=str(data["queue"]),
+            scheduled_time=_parse_time(data["scheduled_time"]),
+            attempt=int(data["attempt"]),
+            fence=int(data["fence"]),
+            idempotency_key=str(data["idempotency_key"]),
+            lease_until=_parse_time(data["lease_until"]),
+            payload=data.get("payload"),
+        )
+
+
+@dataclass
+class WorkerStats:
+    polled: int = 0  # tasks received from polls
+    acked: int = 0  # acks a server accepted
+    nacked: int = 0  # nacks a server accepted
+    lease_lost: int = 0  # runs whose lease went stale while we held it
+    poll_errors: int = 0  # failed poll requests, any server
+
+
+@dataclass
+class _Lease:
+    task: Task
+    server: str  # the node that delivered it: first choice for heartbeat, ack, nack
+    interval_s: float
+    next_due: float  # loop.time() of the next heartbeat
+    deadline: float  # loop.time() when the lease runs out, from the latest lease_until
+    lost: bool = False
+
+
+class Worker:
+    def __init__(
+        self,
+        servers: Sequence[str],
+        worker_id: str | None = None,
+        concurrency: int = 4,
+        wait_s: float = 20.0,
+        heartbeat_interval_s: float | None = None,
+        token: str | None = None,
+    ) -> None:
+        if isinstance(servers, str) or not servers:
+            raise ValueError("servers: give a non-empty list of base URLs")
+        if concurrency < 1:
+            raise ValueError(f"concurrency: must be >= 1, got {concurrency}")
+        if wait_s < 0:
+            raise ValueError(f"wait_s: must be >= 0, got {wait_s}")
+        if heartbeat_interval_s is not None and heartbeat_interval_s <= 0:
+            raise ValueError(f"heartbeat_interval_s: must be > 0, got {heartbeat_interval_s}")
+        self.servers = [s.rstrip("/") for s in servers]
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.concurrency = concurrency
+        self.wait_s = wait_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.stats = WorkerStats()
+        self._token = token
+        self._handlers: dict[str, Handler] = {}
+        # Split the slots between the servers so one idle node's long-poll cannot hold
+        # them all while another node has work; a loop whose poll returns re-reserves.
+        self._poll_share = max(1, min(LEASE_BATCH_MAX, concurrency // len(self.servers)))
+        self._lock = threading.Lock()  # guards _loop/_stop_requested against stop() from threads
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = False
+        self._started = False
+        self._leases: dict[str, _Lease] = {}
+        self._running: set[asyncio.Task[None]] = set()
+
+    def handler(self, queue: str) -> Callable[[Handler], Handler]:
+        """Register the function that runs tasks of `queue` (sync or async)."""
+
+        def register(fn: Handler) -> Handler:
+            if queue in self._handlers:
+                raise ValueError(f"queue {queue!r} already has a handler")
+            self._handlers[queue] = fn
+            return fn
+
+        return register
+
+    def run(self) -> None:
+        """Block until stop() (or SIGINT/SIGTERM in the main thread) and the drain end."""
+        if threading.current_thread() is threading.main_thread():
+            asyncio.run(self._run_with_signals())
+        else:
+            asyncio.run(self.run_async())
+
+    def stop(self) -> None:
+        """Stop polling; running handlers finish and are acked, then run() returns.
+        Safe from any thread and from handlers; does not wait for the drain."""
+        with self._lock:
+            self._stop_requested = True
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._stop_event.set)
+
+    async def run_async(self) -> None:
+        if not self._handlers:
+            raise RuntimeError("register a handler before running the worker")
+        if self._started:
+            raise RuntimeError("a Worker runs once; create a new one")
+        self._started = True
+        self._stop_event = asyncio.Event()
+        self._leases_changed = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="schedulerd-task")
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        self._session = aiohttp.ClientSession(headers=headers)
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            if self._stop_requested:
+                self._stop_event.set()
+        log.info("worker_started worker_id=%s servers=%s queues=%s concurrency=%d",
+                 self.worker_id, ",".join(self.servers), ",".join(self._handlers), self.concurrency)
+        stop_wait = asyncio.create_task(self._stop_event.wait())
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        pollers = [asyncio.create_task(self._poll_loop(s)) for s in self.servers]
+        try:
+            done, _ = await asyncio.wait([stop_wait, heartbeat, *pollers],
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await self._shutdown(stop_wait, heartbeat, pollers)
+        for finished in done:
+            finished.result()  # the loops never return: one that did crashed, so re-raise
+
+    async def _run_with_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            # A second signal gets the default behaviour: the way out of a hung handler.
+            for sig in _SIGNALS:
+                loop.remove_signal_handler(sig)
+            self.stop()
+
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            await self.run_async()
+        finally:
+            for sig in _SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    async def _shutdown(self, stop_wait: asyncio.Task, heartbeat: asyncio.Task,
+                        pollers: list[asyncio.Task]) -> None:
+        log.info("worker_stopping worker_id=%s running=%d", self.worker_id, len(self._running))
+        # Cancelling an in-flight poll may strand tasks the server just leased; they
+        # come back when that lease expires, which beats waiting out a long-poll.
+        for t in (stop_wait, *pollers):
+            t.cancel()
+        await asyncio.gather(stop_wait, *pollers, return_exceptions=True)
+        while self._running:  # heartbeats keep running until every ack is settled
+            await asyncio.gather(*self._running, return_exceptions=True)
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, return_exceptions=True)
+        await self._session.close()
+        self._executor.shutdown(wait=False)  # every handler has returned by now
+        with self._lock:
+            self._loop = None
+        log.info("worker_stopped worker_id=%s stats=%s", self.worker_id, self.stats)
+
+    # -- polling --
+
+    async def _poll_loop(self, server: str) -> None:
+        backoff = _Backoff()
+        while True:
+            held = await self._reserve_slots()
+            try:
+                tasks = await self._poll(server, held)
+            except (*_TRANSIENT, SchedulerError) as exc:
+                self._release_slots(held)
+                self._on_poll_failed(server, exc)
+                await asyncio.sleep(backoff.next_s())
+                continue
+            except asyncio.CancelledError:
+                self._release_slots(held)
+                raise
+            backoff.reset()
+            self._release_slots(held - self._start_tasks(server, tasks, held))
+
+    async def _reserve_slots(self) -> int:
+        """Wait for one free slot, then take more while they are free, up to the
+        share. Tasks a poll returns can start at once: none waits locally on its lease."""
+        await self._slots.acquire()
+        held = 1
+        while held < self._poll_share and not self._slots.locked():
+            await self._slots.acquire()  # free, so this does not suspend
+            held += 1
+        return held
+
+    def _release_slots(self, n: int) -> None:
+        for _ in range(n):
+            self._slots.release()
+
+    async def _poll(self, server: str, max_tasks: int) -> list[Task]:
+        body = {"worker_id": self.worker_id, "queues": list(self._handlers),
+                "max_tasks": max_tasks, "wait_s": self.wait_s}
+        data = await self._request(server, "/v1/tasks/poll", body,
+                                   timeout_s=self.wait_s + _REQUEST_TIMEOUT_S)
+        try:
+            tasks = [Task.from_wire(t) for t in data["tasks"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SchedulerError(f"malformed poll response: {exc!r}") from exc
+        self.stats.polled += len(tasks)
+        return tasks
+
+    def _on_poll_failed(self, server: str, exc: BaseException) -> None:
+        self.stats.poll_errors += 1
+        # A 4xx means this SDK and the server disagree on the contract: a bug, not weather.
+        level = logging.WARNING if isinstance(exc, _TRANSIENT) else logging.ERROR
+        log.log(level, "poll_failed server=%s error=%s", server, _describe(exc))
+
+    def _start_tasks(self, server: str, tasks: list[Task], held: int) -> int:
+        """Spawn a runner per task, each owning one held slot; returns slots used."""
+        for task in tasks[held:]:
+            # Over max_tasks breaks the contract; nack so the run returns soon
+            # instead of sitting out its lease here.
+            log.error("poll_overflow server=%s run_id=%s max_tasks=%d", server, task.run_id, held)
+            self._spawn(self._finish(self._new_lease(server, task), "nack",
+                                     "Overflow: server sent more tasks than max_tasks"))
+        for task in tasks[:held]:
+            self._spawn(self._run_task(server, task))
+        return min(len(tasks), held)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        runner = asyncio.create_task(coro)
+        self._running.add(runner)
+        runner.add_done_callback(self._runner_done)
+
+    def _runner_done(self, runner: asyncio.Task[None]) -> None:
+        self._running.discard(runner)
+        if not runner.cancelled() and runner.exception() is not None:
+            log.error("task_crashed", exc_info=runner.exception())
+
+    # -- running a task --
+
+    def _new_lease(self, server: str, task: Task) -> _Lease:
+        left_s = _seconds_until(task.lease_until)
+        interval_s = self.heartbeat_interval_s or max(HEARTBEAT_INTERVAL_S_MIN, left_s / 3)
+        now = asyncio.get_running_loop().time()
+        return _Lease(task, server, interval_s, now + interval_s, now + left_s)
+
+    async def _run_task(self, server: str, task: Task) -> None:
+        try:
+            lease = self._new_lease(server, task)
+            self._leases[task.run_id] = lease
+            self._leases_changed.set()
+            log.info("task_started run_id=%s queue=%s attempt=%d fence=%d",
+                     task.run_id, task.queue, task.attempt, task.fence)
+            try:
+                verb, value = await self._call(task)
+            finally:
+                del self._leases[task.run_id]
+            await self._finish(lease, verb, value)
+        finally:
+            self._slots.release()
+
+    async def _call(self, task: Task) -> tuple[str, Any]:
+        """Run the handler; ("ack", result) or ("nack", error text)."""
+        handler = self._handlers.get(task.queue)
+        if handler is None:
+            return "nack", (f"NoHandler: worker {self.worker_id} has no handler for "
+                            f"queue {task.queue!r}")
+        try:
+            if inspect.iscoroutinefunction(handler):
+                result = await handler(task)
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._executor, handler, task)
+            json.dumps(result)  # fail as a nack with the handler's name, not in the HTTP client
+        except Exception as exc:
+            return "nack", _error_text(exc)
+        return "ack", result
+
+    async def _finish(self, lease: _Lease, verb: str, value: Any) -> None:
+        task = lease.task
+        body = {"worker_id": self.worker_id, "fence": task.fence,
+                ("result" if verb == "ack" else "error"): value}
+        try:
+            settled = await self._settle(lease, f"/v1/tasks/{quote(task.run_id, safe='')}/{verb}", body)
+        except Conflict as exc:
+            if isinstance(exc, StaleFence) and lease.lost:
+                log.info("task_%s_rejected run_id=%s fence=%d reason=lease_lost",
+                         verb, task.run_id, task.fence)
+            else:
+                log.warning("task_%s_rejected run_id=%s fence=%d error=%s",
+                            verb, task.run_id, task.fence, _describe(exc))
+                if isinstance(exc, StaleFence):
+                    self._lose(lease)
+            return
+        except SchedulerError as exc:
+            log.error("task_%s_failed run_id=%s error=%s", verb, task.run_id, _describe(exc))
+            return
+        if not settled:
+            return
+        if verb == "ack":
+            self.stats.acked += 1
+            log.info("task_acked run_id=%s fence=%d", task.run_id, task.fence)
+        else:
+            self.stats.nacked += 1
+            log.info("task_nacked run_id=%s fence=%d error=%s",
+                     task.run_id, task.fence, str(value).splitlines()[0])
+
+    async def _settle(self, lease: _Lease, path: str, body: dict[str, Any]) -> bool:
+        """POST to the delivering node, failing over to the others, until the lease
+        would have expired (after that the run is redelivered and our fence is stale)."""
+        loop = asyncio.get_running_loop()
+        backoff = _Backoff()
+        while True:
+            for server in self._failover_order(lease.server):
+                try:
+                    await self._request(server, path, body)
+                    return True
+                except _TRANSIENT as exc:
+                    last = exc
+            if loop.time() >= lease.deadline:
+                log.error("task_settle_abandoned run_id=%s path=%s error=%s",
+                          lease.task.run_id, path, _describe(last))
+                return False
+            await asyncio.sleep(backoff.next_s())
+
+    def _failover_order(self, first: str) -> list[str]:
+        return [first, *(s for s in self.servers if s != first)]
+
+    def _lose(self, lease: _Lease) -> None:
+        if not lease.lost:
+            lease.lost = True
+            self.stats.lease_lost += 1
+            log.warning("lease_lost run_id=%s fence=%d", lease.task.run_id, lease.task.fence)
+
+    # -- heartbeats --
+
+    async def _heartbeat_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            live = [lease for lease in self._leases.values() if not lease.lost]
+            wake_at = min((lease.next_due for lease in live), default=None)
+            now = loop.time()
+            if wake_at is None or wake_at > now:
+                self._leases_changed.clear()
+                timeout = None if wake_at is None else wake_at - now
+                try:
+                    await asyncio.wait_for(self._leases_changed.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass  # the earliest heartbeat is due
+                continue
+            # Take along leases due within half their interval: one request per
+            # server per round rather than one per lease.
+            due = [lease for lease in live if lease.next_due - lease.interval_s / 2 <= now]
+            by_server: dict[str, list[_Lease]] = defaultdict(list)
+            for lease in due:
+                lease.next_due = now + lease.interval_s  # before sending: a failure must not spin
+                by_server[lease.server].append(lease)
+            await asyncio.gather(*(self._heartbeat(s, ls) for s, ls in by_server.items()))
+
+    async def _heartbeat(self, server: str, leases: list[_Lease]) -> None:
+        body = {"worker_id": self.worker_id,
+                "leases": [{"run_id": l.task.run_id, "fence": l.task.fence} for l in leases]}
+        error: BaseException | None = None
+        for candidate in self._failover_order(server):
+            try:
+                data = await self._request(candidate, "/v1/tasks/heartbeat", body)
+            except _TRANSIENT as exc:
+                error = exc  # node down or leaderless: the next one may answer
+                continue
+            except SchedulerError as exc:
+                error = exc  # a 4xx: every node would say the same
+                break
+            self._apply_heartbeat_results(leases, data)
+            return
+        log.warning("heartbeat_failed server=%s leases=%d error=%s",
+                    server, len(leases), _describe(error))
+
+    def _apply_heartbeat_results(self, leases: list[_Lease], data: dict[str, Any]) -> None:
+        by_run = {lease.task.run_id: lease for lease in leases}
+        now = asyncio.get_running_loop().time()
+        for item in data.get("results") or []:
+            lease = by_run.get(item.get("run_id"))
+            if lease is None:
+                continue
+            if item.get("ok"):
+                lease.deadline = now + _seconds_until(_parse_time(item["lease_until"]))
+            elif (item.get("error") or {}).get("code") == StaleFence.code:
+                self._lose(lease)
+            else:
+                log.warning("heartbeat_rejected run_id=%s error=%s",
+                            lease.task.run_id, item.get("error"))
+
+    # -- HTTP --
+
+    async def _request(self, server: str, path: str, body: dict[str, Any],
+                       timeout_s: float = _REQUEST_TIMEOUT_S) -> dict[str, Any]:
+        """POST JSON; the reply's dict, or the typed error it carries (5xx -> Unavailable)."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=_CONNECT_TIMEOUT_S)
+        async with self._session.post(server + path, json=body, timeout=timeout) as resp:
+            text = await resp.text()
+            status = resp.status
+        try:
+            data = json.loads(text) if text else {}
+        except ValueError:
+            data = None
+        if status < 400 and isinstance(data, dict):
+            return data
+        if status < 400:
+            raise Unavailable(f"{server}{path}: HTTP {status} with a non-object body")
+        wire = data.get("error") if isinstance(data, dict) else None
+        wire = wire if isinstance(wire, dict) else {}
+        message = str(wire.get("message") or text[:200])
+        exc = from_wire(str(wire.get("code", "error")), f"{server}{path}: {message}")
+        if status >= 500 and not isinstance(exc, Unavailable):
+            exc = Unavailable(f"{server}{path}: HTTP {status}: {message}")
+        raise exc
+
+
+class _Backoff:
+    """Exponential, capped, jittered: nodes that come back are not stampeded."""
+
+    def __init__(self) -> None:
+        self._s = _BACKOFF_S_FIRST
+
+    def next_s(self) -> float:
+        delay_s = random.uniform(self._s / 2, self._s)
+        self._s = min(self._s * 2, _BACKOFF_S_MAX)
+        return delay_s
+
+    def reset(self) -> None:
+        self._s = _BACKOFF_S_FIRST
+
+
+def _parse_time(text: str) -> datetime:
+    return _EPOCH + timedelta(microseconds=timefmt.from_iso(text))
+
+
+def _seconds_until(when: datetime) -> float:
+    return (when - datetime.now(timezone.utc)).total_seconds()
+
+
+def _describe(exc: BaseException | None) -> str:
+    return f"{type(exc).__name__}: {exc}" if exc is not None else "none"
+
+
+def _error_text(exc: BaseException) -> str:
+    """`ExcType: message` plus the innermost frames, at most ERROR_BYTES_MAX bytes."""
+    head = _clip_bytes(f"{type(exc).__name__}: {exc}", _ERROR_HEAD_BYTES_MAX, keep="start")
+    frames = "".join(traceback.format_tb(exc.__traceback__)[-_TRACEBACK_FRAMES_MAX:])
+    if not frames:
+        return head
+    lead = f"{head}\nTraceback (innermost last):\n"
+    return lead + _clip_bytes(frames, ERROR_BYTES_MAX - len(lead.encode()), keep="end")
+
+
+def _clip_bytes(text: str, limit: int, keep: str) -> str:
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    cut = data[:limit] if keep == "start" else data[-limit:]
+    return cut.decode(errors="ignore")  # drop a multi-byte character split by the cut

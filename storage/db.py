@@ -1,0 +1,100 @@
+"""One LMDB environment per Raft group, with its named databases.
+
+The environment is opened with sync on: a committed apply txn is on disk
+before the entry's result reaches a client, and the journal may drop entries
+that a snapshot or the LMDB file already covers."""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import lmdb
+
+from storage import keys
+
+SCHEMA_VERSION = 1
+DB_NAMES = ("jobs", "due", "runs", "occurrences", "ready", "leases", "meta")
+LAST_APPLIED = b"last_applied"
+SCHEMA = b"schema_version"
+
+
+@dataclass(frozen=True)
+class Tables:
+    jobs: object
+    due: object
+    runs: object
+    occurrences: object
+    ready: object
+    leases: object
+    meta: object
+
+
+class SchemaMismatch(Exception):
+    """The data directory was written by an incompatible schema version."""
+
+
+class Store:
+    """An LMDB environment plus the lock that lets a snapshot restore swap it.
+
+    Reads and the swap take the lock; apply runs in the Raft tick thread, the
+    same thread that restores, so it never races the swap."""
+
+    def __init__(self, path: str, group: int, map_bytes: int) -> None:
+        self.path = path
+        self.group = group
+        self.map_bytes = map_bytes
+        self._lock = threading.Lock()
+        self.env, self.tables = self._open()
+
+    def _open(self) -> tuple[lmdb.Environment, Tables]:
+        os.makedirs(self.path, exist_ok=True)
+        env = lmdb.open(self.path, map_size=self.map_bytes, max_dbs=len(DB_NAMES) + 1,
+                        sync=True, metasync=True, readahead=False)
+        tables = Tables(**{name: env.open_db(name.encode()) for name in DB_NAMES})
+        with env.begin(write=True) as txn:
+            raw = txn.get(SCHEMA, db=tables.meta)
+            if raw is None:
+                txn.put(SCHEMA, keys.u64(SCHEMA_VERSION), db=tables.meta)
+            elif keys.read_u64(raw) != SCHEMA_VERSION:
+                env.close()
+                raise SchemaMismatch(f"{self.path}: schema {keys.read_u64(raw)}, this build uses {SCHEMA_VERSION}")
+        return env, tables
+
+    @contextmanager
+    def read(self) -> Iterator[lmdb.Transaction]:
+        with self._lock, self.env.begin() as txn:
+            yield txn
+
+    def write(self) -> lmdb.Transaction:
+        """A write txn; only the Raft apply thread calls this."""
+        return self.env.begin(write=True)
+
+    def last_applied(self) -> int:
+        with self.read() as txn:
+            return last_applied(txn, self.tables)
+
+    @contextmanager
+    def swapping(self) -> Iterator[None]:
+        """Close the environment for the body (which replaces its files), then reopen."""
+        with self._lock:
+            self.env.close()
+            try:
+                yield
+            finally:
+                self.env, self.tables = self._open()
+
+    def close(self) -> None:
+        with self._lock:
+            self.env.close()
+
+
+def last_applied(txn: lmdb.Transaction, tables: Tables) -> int:
+    raw = txn.get(LAST_APPLIED, db=tables.meta)
+    return keys.read_u64(raw) if raw else 0
+
+
+def set_last_applied(txn: lmdb.Transaction, tables: Tables, index: int) -> None:
+    txn.put(LAST_APPLIED, keys.u64(index), db=tables.meta)

@@ -1,0 +1,62 @@
+"""Where a command is applied: one Raft entry, one LMDB write txn.
+
+The txn also records the entry's index as last_applied, so replaying an entry
+at or below it (pysyncobj replays the whole journal on restart) is a no-op.
+
+Two kinds of failure, kept apart:
+- a business rejection (stale fence, job exists) is a result inside the
+  handler's return value, the same on every replica;
+- anything else (an entry this build cannot read, an LMDB error, a broken
+  invariant) raises `FatalApplyError`: the caller must stop the node, which
+  replays the entry after restart. Swallowing it would let replicas diverge."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import lmdb
+
+from storage import claims, jobs, leases, ops
+from storage.db import Store, last_applied, set_last_applied
+from storage.ops import Op
+from storage.records import Ctx
+
+log = logging.getLogger("schedulerd.fsm")
+
+Handler = Callable[[Ctx, dict[str, Any]], dict[str, Any]]
+
+HANDLERS: dict[Op, Handler] = {
+    Op.CREATE_JOBS: jobs.create_jobs,
+    Op.CANCEL_JOB: jobs.cancel_job,
+    Op.CLAIM_BATCH: claims.claim_batch,
+    Op.LEASE_BATCH: leases.lease_batch,
+    Op.HEARTBEAT: leases.heartbeat,
+    Op.ACK: leases.ack,
+    Op.NACK: leases.nack,
+    Op.EXPIRE_LEASES: leases.expire_leases,
+}
+
+ALREADY_APPLIED: dict[str, Any] = {"replayed": True}
+
+
+class FatalApplyError(Exception):
+    """This node cannot apply the entry and must stop (it replays it on restart)."""
+
+
+def apply(store: Store, index: int, blob: bytes) -> tuple[Op | None, dict[str, Any]]:
+    """Apply the entry at Raft index `index`; returns (op, result)."""
+    try:
+        op, payload = ops.decode(blob)
+        with store.write() as txn:
+            if index <= last_applied(txn, store.tables):
+                return None, ALREADY_APPLIED
+            result = HANDLERS[op](Ctx(txn, store.tables, store.group, index), payload)
+            set_last_applied(txn, store.tables, index)
+        log.debug("applied op=%s raft_index=%d", op.name, index)
+        return op, result
+    except ops.CorruptEntry as exc:
+        raise FatalApplyError(f"entry {index}: {exc}") from exc
+    except lmdb.Error as exc:
+        raise FatalApplyError(f"entry {index}: LMDB failed: {exc}") from exc
+    except Exception as exc:
+        raise FatalApplyError(f"entry {index}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,114 @@
+"""Where a lease is granted, extended, ended and expired.
+
+The fence of a lease is the Raft index of the entry that granted it: it is
+the same on every replica and grows with every new lease of a run. Heartbeat,
+ack and nack must present the fence and worker they were given; anything else
+is a deterministic `stale_fence` result that changes nothing."""
+from __future__ import annotations
+
+from typing import Any
+
+from storage import records, retry
+from storage.model import LEASABLE_RUN_STATES, RunEvent, RunState, run_transition
+from storage.records import Ctx, Record
+
+
+def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Grant each worker the runs proposed for it that are still leasable now."""
+    now, lease_until = cmd["now"], cmd["lease_until"]
+    grants = []
+    for worker_id, run_ids in cmd["grants"]:
+        tasks = []
+        for run_id in run_ids:
+            run = records.get_run(ctx, run_id)
+            if run is None or run["state"] not in LEASABLE_RUN_STATES or run["available_us"] > now:
+                continue
+            job = records.get_job(ctx, run["job_id"])
+            after = dict(run, state=run_transition(run["state"], RunEvent.LEASE), attempt=run["attempt"] + 1,
+                         worker_id=worker_id, fence=ctx.index, lease_until_us=lease_until)
+            records.update_run(ctx, run, after)
+            tasks.append(dict(after, payload_json=job["payload_json"] if job else "null"))
+        grants.append([worker_id, tasks])
+    return {"grants": grants}
+
+
+def _check_lease(run: Record | None, run_id: str, worker_id: str, fence: int, now: int) -> dict[str, Any] | None:
+    """None when the caller holds the live lease, else the rejection result."""
+    if run is None:
+        return {"run_id": run_id, "ok": False, "code": "not_found", "message": f"no run {run_id!r}"}
+    if run["state"] != RunState.RUNNING or run["fence"] != fence or run["worker_id"] != worker_id:
+        return {"run_id": run_id, "ok": False, "code": "stale_fence",
+                "message": f"run {run_id!r} is {run['state']} with fence {run['fence']}; "
+                           f"worker {worker_id!r} with fence {fence} does not hold its lease"}
+    if run["lease_until_us"] <= now:
+        return {"run_id": run_id, "ok": False, "code": "stale_fence",
+                "message": f"the lease on run {run_id!r} (fence {fence}) has expired"}
+    return None
+
+
+def heartbeat(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    now, worker_id, lease_until = cmd["now"], cmd["worker_id"], cmd["lease_until"]
+    results = []
+    for run_id, fence in cmd["leases"]:
+        run = records.get_run(ctx, run_id)
+        rejection = _check_lease(run, run_id, worker_id, fence, now)
+        if rejection:
+            results.append(rejection)
+            continue
+        records.update_run(ctx, run, dict(run, lease_until_us=max(lease_until, run["lease_until_us"])))
+        results.append({"run_id": run_id, "ok": True, "lease_until_us": max(lease_until, run["lease_until_us"])})
+    return {"results": results}
+
+
+def ack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    now, worker_id = cmd["now"], cmd["worker_id"]
+    results = []
+    for run_id, fence, result_json in cmd["acks"]:
+        run = records.get_run(ctx, run_id)
+        rejection = _check_lease(run, run_id, worker_id, fence, now)
+        if rejection:
+            results.append(rejection)
+            continue
+        after = dict(run, state=run_transition(run["state"], RunEvent.ACK), finished_us=now,
+                     lease_until_us=None, result_json=result_json)
+        records.update_run(ctx, run, after)
+        results.append({"run_id": run_id, "ok": True, "run": after})
+    return {"results": results}
+
+
+def nack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    now, run_id = cmd["now"], cmd["run_id"]
+    run = records.get_run(ctx, run_id)
+    rejection = _check_lease(run, run_id, cmd["worker_id"], cmd["fence"], now)
+    if rejection:
+        return rejection
+    after = _fail(ctx, run, now, cmd["error"], RunEvent.NACK_RETRY, RunEvent.NACK_FINAL)
+    return {"run_id": run_id, "ok": True, "run": after}
+
+
+def expire_leases(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Requeue (or dead-letter) runs whose lease ran out, if it is still that lease."""
+    now = cmd["now"]
+    expired = dead = 0
+    for run_id, fence in cmd["runs"]:
+        run = records.get_run(ctx, run_id)
+        if (run is None or run["state"] != RunState.RUNNING or run["fence"] != fence
+                or run["lease_until_us"] > now):
+            continue
+        error = f"lease expired (worker {run['worker_id']!r}, fence {fence})"
+        after = _fail(ctx, run, now, error, RunEvent.EXPIRE_RETRY, RunEvent.EXPIRE_FINAL)
+        expired += 1
+        dead += after["state"] == RunState.DEAD_LETTER
+    return {"expired": expired, "dead_letter": dead}
+
+
+def _fail(ctx: Ctx, run: Record, now: int, error: str, retry_event: RunEvent, final_event: RunEvent) -> Record:
+    if run["attempt"] < run["max_attempts"]:
+        delay = retry.backoff_us(run.get("backoff"), run["job_id"], run["scheduled_us"], run["attempt"])
+        after = dict(run, state=run_transition(run["state"], retry_event), available_us=now + delay,
+                     lease_until_us=None, error=error)
+    else:
+        after = dict(run, state=run_transition(run["state"], final_event), lease_until_us=None,
+                     finished_us=now, error=error)
+    records.update_run(ctx, run, after)
+    return after

@@ -1,0 +1,45 @@
+"""Raft entry encoding: msgpack `[op, version, payload]`.
+
+Op codes are append-only: a code keeps its meaning forever because old log
+entries and snapshots still carry it. Retire a code by leaving it here unused;
+never renumber (Nomad's fsm.go rule)."""
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+VERSION = 1
+
+
+class Op(IntEnum):
+    CREATE_JOBS = 1
+    CANCEL_JOB = 2
+    CLAIM_BATCH = 3
+    LEASE_BATCH = 4
+    HEARTBEAT = 5
+    ACK = 6
+    NACK = 7
+    EXPIRE_LEASES = 8
+
+
+class CorruptEntry(Exception):
+    """An entry this code cannot read: the node must stop, not guess."""
+
+
+def encode(op: Op, payload: dict[str, Any]) -> bytes:
+    return msgpack.packb([int(op), VERSION, payload], use_bin_type=True)
+
+
+def decode(blob: bytes) -> tuple[Op, dict[str, Any]]:
+    try:
+        op, version, payload = msgpack.unpackb(blob, raw=False)
+    except Exception as exc:
+        raise CorruptEntry(f"undecodable entry: {exc}") from exc
+    if version != VERSION:
+        raise CorruptEntry(f"entry version {version}, this build reads {VERSION}")
+    try:
+        return Op(op), payload
+    except ValueError:
+        raise CorruptEntry(f"unknown op code {op}: is this node older than the cluster?") from None

@@ -1,0 +1,139 @@
+"""Read-side queries over one group's LMDB. Every scan is a bounded range read
+over an index, never a walk of a whole table."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import lmdb
+
+from storage import keys
+from storage.db import Tables
+from storage.records import Record, unpack
+
+
+def get_job(txn: lmdb.Transaction, t: Tables, job_id: str) -> Record | None:
+    raw = txn.get(keys.job_key(job_id), db=t.jobs)
+    return unpack(raw) if raw else None
+
+
+def get_run(txn: lmdb.Transaction, t: Tables, run_id: str) -> Record | None:
+    raw = txn.get(keys.run_key(run_id), db=t.runs)
+    return unpack(raw) if raw else None
+
+
+def list_jobs(txn: lmdb.Transaction, t: Tables, *, state: str | None, queue: str | None, limit: int,
+              after: str | None, scan_max: int) -> tuple[list[Record], str | None]:
+    """Jobs in id order after the cursor id, filtered; at most scan_max records are read,
+    so a rare filter returns a short page with a cursor instead of scanning everything."""
+    out: list[Record] = []
+    scanned = 0
+    with txn.cursor(db=t.jobs) as cur:
+        found = cur.set_range(keys.job_key(after) + b"\x00") if after else cur.first()
+        if not found:
+            return out, None
+        for key, raw in cur:
+            scanned += 1
+            job = unpack(raw)
+            if (state is None or job["state"] == state) and (queue is None or job["queue"] == queue):
+                out.append(job)
+                if len(out) == limit:
+                    return out, key.decode()
+            if scanned >= scan_max:
+                return out, key.decode()
+    return out, None
+
+
+def job_runs(txn: lmdb.Transaction, t: Tables, job_id: str, *, limit: int,
+             after_us: int | None) -> tuple[list[Record], int | None]:
+    """Runs of a job, oldest scheduled time first, after the cursor time."""
+    prefix = keys.occurrence_prefix(job_id)
+    start = keys.occurrence_key(job_id, after_us + 1) if after_us is not None else prefix
+    out: list[Record] = []
+    with txn.cursor(db=t.occurrences) as cur:
+        if not cur.set_range(start):
+            return out, None
+        for key, run_id in cur:
+            if not key.startswith(prefix):
+                break
+            run = get_run(txn, t, run_id.decode())
+            if run is not None:
+                out.append(run)
+            if len(out) == limit:
+                return out, keys.read_u64(key[len(prefix):])
+    return out, None
+
+
+def due(txn: lmdb.Transaction, t: Tables, shards: Iterable[int], until_us: int,
+        limit: int) -> list[tuple[str, int]]:
+    """(job_id, fire_us) due at or before until_us, earliest first within each shard."""
+    out: list[tuple[str, int]] = []
+    with txn.cursor(db=t.due) as cur:
+        for shard in shards:
+            if not cur.set_range(keys.due_shard_prefix(shard)):
+                break
+            for key in cur.iternext(keys=True, values=False):
+                key_shard, fire_us, job_id = keys.split_due_key(key)
+                if key_shard != shard or fire_us > until_us:
+                    break
+                out.append((job_id, fire_us))
+                if len(out) >= limit:
+                    return out
+    return out
+
+
+def ready(txn: lmdb.Transaction, t: Tables, queues: Iterable[str], now_us: int, limit: int,
+          exclude: set[str]) -> list[tuple[str, str]]:
+    """(queue, run_id) leasable now across queues, highest priority first."""
+    out: list[tuple[str, str]] = []
+    with txn.cursor(db=t.ready) as cur:
+        for priority in range(keys.PRIORITY_MAX, -1, -1):
+            for queue in queues:
+                prefix = keys.ready_prefix(queue, priority)
+                if not cur.set_range(prefix):
+                    continue
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    available_us, run_id = keys.split_ready_key(key)
+                    if available_us > now_us:
+                        break
+                    if run_id not in exclude:
+                        out.append((queue, run_id))
+                        if len(out) >= limit:
+                            return out
+    return out
+
+
+def next_ready_us(txn: lmdb.Transaction, t: Tables, queues: Iterable[str]) -> int | None:
+    """The earliest available_at among ready runs of these queues (for a long-poll's wake-up)."""
+    best: int | None = None
+    with txn.cursor(db=t.ready) as cur:
+        for priority in range(keys.PRIORITY_MAX, -1, -1):
+            for queue in queues:
+                prefix = keys.ready_prefix(queue, priority)
+                if cur.set_range(prefix) and cur.key().startswith(prefix):
+                    available_us, _ = keys.split_ready_key(cur.key())
+                    best = available_us if best is None else min(best, available_us)
+    return best
+
+
+def expired_leases(txn: lmdb.Transaction, t: Tables, now_us: int, limit: int) -> list[tuple[str, int]]:
+    """(run_id, fence) of leases whose lease_until has passed."""
+    out: list[tuple[str, int]] = []
+    with txn.cursor(db=t.leases) as cur:
+        if not cur.first():
+            return out
+        for key in cur.iternext(keys=True, values=False):
+            lease_until, run_id = keys.split_lease_key(key)
+            if lease_until > now_us:
+                break
+            run = get_run(txn, t, run_id)
+            if run is not None:
+                out.append((run_id, run["fence"]))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def counts(txn: lmdb.Transaction, t: Tables) -> dict[str, Any]:
+    return {name: txn.stat(getattr(t, name))["entries"] for name in ("jobs", "due", "runs", "ready", "leases")}

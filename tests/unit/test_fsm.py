@@ -1,0 +1,309 @@
+"""Every apply rule of the state machine, on a real temp LMDB."""
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from storage import fsm, ops
+from storage.model import (JOB_TRANSITIONS, RUN_TRANSITIONS, IllegalTransition, JobEvent, JobState,
+                           RunEvent, RunState, job_transition, run_transition)
+from storage.ops import Op
+from tests.unit.fsm_driver import S, T0, Driver
+
+AT = {"kind": "at", "at_us": T0 + 10 * S}
+EVERY = {"kind": "every", "every_us": 5 * S, "anchor_us": T0}
+CRON = {"kind": "cron", "cron": "*/1 * * * * *", "timezone": "UTC", "seconds": True}
+
+
+@pytest.fixture
+def d(tmp_path: pathlib.Path) -> Driver:
+    return Driver(str(tmp_path / "db"))
+
+
+def test_create_sets_first_fire_and_due_index(d: Driver) -> None:
+    assert d.create("a", AT)["ok"]
+    assert d.create("b", EVERY)["ok"]
+    assert d.job("a")["next_fire_us"] == T0 + 10 * S
+    assert d.job("b")["next_fire_us"] == T0 + 5 * S
+    assert sorted(d.due(T0 + 10 * S)) == [("a", T0 + 10 * S), ("b", T0 + 5 * S)]
+    assert d.due(T0 + 9 * S) == [("b", T0 + 5 * S)]
+
+
+def test_create_existing_id_is_a_conflict_and_changes_nothing(d: Driver) -> None:
+    d.create("a", AT)
+    before = d.job("a")
+    result = d.create("a", EVERY, payload_json='"other"')
+    assert result == {"job_id": "a", "ok": False, "code": "conflict", "message": "job 'a' already exists"}
+    assert d.job("a") == before
+
+
+def test_one_off_in_the_past_fires_at_once(d: Driver) -> None:
+    d.create("late", {"kind": "at", "at_us": T0 - 60 * S})
+    assert d.due(T0) == [("late", T0 - 60 * S)]
+
+
+def test_claim_creates_one_run_and_completes_one_off(d: Driver) -> None:
+    d.create("a", AT)
+    runs = d.claim_due(T0 + 10 * S)
+    assert len(runs) == 1
+    run = d.run(runs[0])
+    assert run["state"] == RunState.QUEUED and run["scheduled_us"] == T0 + 10 * S and run["attempt"] == 0
+    job = d.job("a")
+    assert job["state"] == JobState.COMPLETED and job["next_fire_us"] is None
+    assert d.due(T0 + 1000 * S) == []
+
+
+def test_second_claim_of_an_occurrence_is_rejected(d: Driver) -> None:
+    d.create("a", AT)
+    claim = [["a", T0 + 10 * S]]
+    first = d.apply(Op.CLAIM_BATCH, now=T0 + 10 * S, claims=claim)
+    second = d.apply(Op.CLAIM_BATCH, now=T0 + 10 * S, claims=claim)
+    assert len(first["runs"]) == 1 and second == {"runs": [], "stale": 1}
+    assert len(d.runs("a")) == 1
+
+
+def test_claim_with_wrong_fire_time_is_stale(d: Driver) -> None:
+    d.create("a", AT)
+    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["a", T0 + 9 * S]]) == {"runs": [], "stale": 1}
+    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["missing", T0]]) == {"runs": [], "stale": 1}
+
+
+def test_recurring_claim_advances_to_next_occurrence(d: Driver) -> None:
+    d.create("e", EVERY)
+    d.claim_due(T0 + 5 * S)
+    assert d.job("e")["next_fire_us"] == T0 + 10 * S
+    assert d.job("e")["state"] == JobState.SCHEDULED
+
+
+def test_recurring_job_that_fell_behind_resumes_in_the_future(d: Driver) -> None:
+    d.create("e", EVERY)
+    d.claim_due(T0 + 100 * S)
+    assert d.job("e")["next_fire_us"] == T0 + 105 * S
+    assert len(d.runs("e")) == 1
+
+
+def test_cron_with_seconds_field(d: Driver) -> None:
+    d.create("c", CRON, now=T0)
+    assert d.job("c")["next_fire_us"] == T0 + S
+    d.claim_due(T0 + S)
+    assert d.job("c")["next_fire_us"] == T0 + 2 * S
+
+
+def test_run_is_not_leasable_before_its_time(d: Driver) -> None:
+    d.create("a", AT)
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["a", T0 + 10 * S]])["runs"]
+    assert d.ready(T0 + 9 * S) == []
+    assert d.lease(T0 + 9 * S, run_ids=[run_id]) == []
+    assert d.ready(T0 + 10 * S) == [run_id]
+
+
+def test_lease_sets_fence_attempt_and_lease_index(d: Driver) -> None:
+    d.create("a", AT, payload_json='{"x":1}')
+    d.claim_due(T0 + 10 * S)
+    (task,) = d.lease(T0 + 11 * S)
+    assert task["state"] == RunState.RUNNING and task["attempt"] == 1
+    assert task["fence"] == d.index and task["payload_json"] == '{"x":1}'
+    assert task["lease_until_us"] == T0 + 41 * S
+    assert d.ready(T0 + 11 * S) == []
+    assert d.lease(T0 + 11 * S, worker="other", run_ids=[task["run_id"]]) == []
+
+
+def _running(d: Driver) -> dict:
+    d.create("a", AT, max_attempts=2)
+    d.claim_due(T0 + 10 * S)
+    (task,) = d.lease(T0 + 10 * S)
+    return task
+
+
+def test_heartbeat_extends_and_rejects_stale_fence(d: Driver) -> None:
+    task = _running(d)
+    ok = d.apply(Op.HEARTBEAT, now=T0 + 20 * S, worker_id="w", lease_until=T0 + 50 * S,
+                 leases=[[task["run_id"], task["fence"]]])
+    assert ok["results"][0]["ok"] and d.run(task["run_id"])["lease_until_us"] == T0 + 50 * S
+    stale = d.apply(Op.HEARTBEAT, now=T0 + 20 * S, worker_id="w", lease_until=T0 + 60 * S,
+                    leases=[[task["run_id"], task["fence"] - 1]])
+    assert stale["results"][0]["code"] == "stale_fence"
+    other = d.apply(Op.HEARTBEAT, now=T0 + 20 * S, worker_id="intruder", lease_until=T0 + 60 * S,
+                    leases=[[task["run_id"], task["fence"]]])
+    assert other["results"][0]["code"] == "stale_fence"
+    assert d.run(task["run_id"])["lease_until_us"] == T0 + 50 * S
+
+
+def test_ack_succeeds_once_and_late_or_stale_acks_change_nothing(d: Driver) -> None:
+    task = _running(d)
+    bad = d.apply(Op.ACK, now=T0 + 11 * S, worker_id="w", acks=[[task["run_id"], task["fence"] + 1, None]])
+    assert bad["results"][0]["code"] == "stale_fence"
+    good = d.apply(Op.ACK, now=T0 + 12 * S, worker_id="w", acks=[[task["run_id"], task["fence"], '"done"']])
+    assert good["results"][0]["ok"]
+    run = d.run(task["run_id"])
+    assert run["state"] == RunState.SUCCEEDED and run["result_json"] == '"done"' and run["finished_us"] == T0 + 12 * S
+    again = d.apply(Op.ACK, now=T0 + 13 * S, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    assert again["results"][0]["code"] == "stale_fence"
+    assert d.run(task["run_id"]) == run
+
+
+def test_ack_after_lease_expired_is_rejected(d: Driver) -> None:
+    task = _running(d)
+    late = d.apply(Op.ACK, now=task["lease_until_us"], worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    assert late["results"][0]["code"] == "stale_fence"
+    assert d.run(task["run_id"])["state"] == RunState.RUNNING
+
+
+def test_nack_retries_with_backoff_then_dead_letters(d: Driver) -> None:
+    task = _running(d)
+    r1 = d.apply(Op.NACK, now=T0 + 11 * S, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="boom")
+    run = r1["run"]
+    assert run["state"] == RunState.RETRY_WAIT and run["error"] == "boom"
+    assert T0 + 11 * S + int(0.8 * S) <= run["available_us"] <= T0 + 11 * S + int(1.2 * S)
+    assert d.ready(run["available_us"] - 1) == []
+    (task2,) = d.lease(run["available_us"])
+    assert task2["attempt"] == 2 and task2["fence"] > task["fence"]
+    r2 = d.apply(Op.NACK, now=run["available_us"] + S, worker_id="w", run_id=task2["run_id"],
+                 fence=task2["fence"], error="boom again")
+    assert r2["run"]["state"] == RunState.DEAD_LETTER
+    assert d.ready(T0 + 10_000 * S) == []
+
+
+def test_backoff_is_deterministic_and_grows() -> None:
+    from storage.retry import backoff_us
+    a = [backoff_us(None, "job", T0, n) for n in range(1, 6)]
+    assert a == [backoff_us(None, "job", T0, n) for n in range(1, 6)]
+    assert a[0] < a[2] < a[4]
+    assert backoff_us({"base_ms": 1000, "factor": 2.0, "max_ms": 5000}, "job", T0, 20) <= 5000 * 1000
+
+
+def test_expired_lease_requeues_and_old_fence_is_dead(d: Driver) -> None:
+    task = _running(d)
+    not_yet = d.apply(Op.EXPIRE_LEASES, now=task["lease_until_us"] - 1, runs=[[task["run_id"], task["fence"]]])
+    assert not_yet == {"expired": 0, "dead_letter": 0}
+    done = d.apply(Op.EXPIRE_LEASES, now=task["lease_until_us"], runs=[[task["run_id"], task["fence"]]])
+    assert done == {"expired": 1, "dead_letter": 0}
+    run = d.run(task["run_id"])
+    assert run["state"] == RunState.RETRY_WAIT and "lease expired" in run["error"]
+    late_ack = d.apply(Op.ACK, now=task["lease_until_us"] + 1, worker_id="w",
+                       acks=[[task["run_id"], task["fence"], None]])
+    assert late_ack["results"][0]["code"] == "stale_fence"
+
+
+def test_expiry_of_a_lease_that_was_renewed_is_ignored(d: Driver) -> None:
+    task = _running(d)
+    d.apply(Op.HEARTBEAT, now=T0 + 20 * S, worker_id="w", lease_until=T0 + 80 * S,
+            leases=[[task["run_id"], task["fence"]]])
+    stale = d.apply(Op.EXPIRE_LEASES, now=task["lease_until_us"], runs=[[task["run_id"], task["fence"]]])
+    assert stale == {"expired": 0, "dead_letter": 0}
+
+
+def test_last_attempt_expiring_dead_letters(d: Driver) -> None:
+    d.create("a", AT, max_attempts=1)
+    d.claim_due(T0 + 10 * S)
+    (task,) = d.lease(T0 + 10 * S)
+    res = d.apply(Op.EXPIRE_LEASES, now=T0 + 100 * S, runs=[[task["run_id"], task["fence"]]])
+    assert res == {"expired": 1, "dead_letter": 1}
+    assert d.run(task["run_id"])["state"] == RunState.DEAD_LETTER
+
+
+def test_cancel_stops_future_runs_and_cancels_queued_not_running(d: Driver) -> None:
+    d.create("e", EVERY, max_attempts=3)
+    (queued,) = d.claim_due(T0 + 5 * S)
+    (running_task,) = d.lease(T0 + 5 * S)
+    (queued,) = d.claim_due(T0 + 10 * S)
+    res = d.apply(Op.CANCEL_JOB, now=T0 + 11 * S, job_id="e")
+    assert res == {"ok": True, "cancelled_runs": 1}
+    assert d.job("e")["state"] == JobState.CANCELLED and d.job("e")["next_fire_us"] is None
+    assert d.run(queued)["state"] == RunState.CANCELLED
+    assert d.run(running_task["run_id"])["state"] == RunState.RUNNING
+    assert d.due(T0 + 10_000 * S) == [] and d.ready(T0 + 10_000 * S) == []
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 12 * S, job_id="e") == {"ok": True, "cancelled_runs": 0}
+
+
+def test_cancel_unknown_and_completed_jobs(d: Driver) -> None:
+    assert d.apply(Op.CANCEL_JOB, now=T0, job_id="nope")["code"] == "not_found"
+    d.create("a", AT, max_attempts=1)
+    d.claim_due(T0 + 10 * S)
+    (task,) = d.lease(T0 + 10 * S)
+    d.apply(Op.ACK, now=T0 + 11 * S, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 12 * S, job_id="a")["code"] == "conflict"
+
+
+def test_cancel_completed_one_off_with_queued_run_cancels_it(d: Driver) -> None:
+    d.create("a", AT)
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["a", T0 + 10 * S]])["runs"]
+    assert d.job("a")["state"] == JobState.COMPLETED
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 9 * S, job_id="a") == {"ok": True, "cancelled_runs": 1}
+    assert d.run(run_id)["state"] == RunState.CANCELLED
+
+
+def test_replaying_an_applied_index_is_a_no_op(d: Driver) -> None:
+    d.create("a", AT)
+    blob = ops.encode(Op.CREATE_JOBS, {"now": T0, "jobs": [{"job_id": "b", "schedule": AT, "schedule_spec": {},
+                                                            "queue": "q", "payload_json": "{}",
+                                                            "max_attempts": 1, "priority": 0}]})
+    assert fsm.apply(d.store, d.index, blob) == (None, fsm.ALREADY_APPLIED)
+    assert d.job("b") is None
+
+
+def test_corrupt_or_unknown_entries_are_fatal(d: Driver) -> None:
+    with pytest.raises(fsm.FatalApplyError):
+        fsm.apply(d.store, 1, b"\xc1garbage")
+    import msgpack
+    with pytest.raises(fsm.FatalApplyError, match="unknown op"):
+        fsm.apply(d.store, 1, msgpack.packb([250, ops.VERSION, {}]))
+    assert d.store.last_applied() == 0
+
+
+def test_same_commands_give_byte_identical_replicas(tmp_path: pathlib.Path) -> None:
+    replicas = [Driver(str(tmp_path / f"r{i}")) for i in range(2)]
+    for r in replicas:
+        r.create("a", AT)
+        r.create("e", EVERY)
+        r.claim_due(T0 + 10 * S)
+        tasks = r.lease(T0 + 10 * S)
+        r.apply(Op.NACK, now=T0 + 11 * S, worker_id="w", run_id=tasks[0]["run_id"], fence=tasks[0]["fence"], error="x")
+        r.apply(Op.CANCEL_JOB, now=T0 + 12 * S, job_id="e")
+    assert replicas[0].digest() == replicas[1].digest()
+
+
+def test_priority_orders_the_ready_queue(d: Driver) -> None:
+    d.create("low", AT, priority=0)
+    d.create("high", AT, priority=9)
+    runs = d.claim_due(T0 + 10 * S)
+    by_job = {d.run(r)["job_id"]: r for r in runs}
+    assert d.ready(T0 + 10 * S) == [by_job["high"], by_job["low"]]
+
+
+@pytest.mark.parametrize("state", list(RunState))
+@pytest.mark.parametrize("event", list(RunEvent))
+def test_run_transition_table(state: RunState, event: RunEvent) -> None:
+    if (state, event) in RUN_TRANSITIONS:
+        assert run_transition(state.value, event) == RUN_TRANSITIONS[(state, event)].value
+    else:
+        with pytest.raises(IllegalTransition):
+            run_transition(state.value, event)
+
+
+@pytest.mark.parametrize("state", list(JobState))
+@pytest.mark.parametrize("event", list(JobEvent))
+def test_job_transition_table(state: JobState, event: JobEvent) -> None:
+    if (state, event) in JOB_TRANSITIONS:
+        assert job_transition(state.value, event) == JOB_TRANSITIONS[(state, event)].value
+    else:
+        with pytest.raises(IllegalTransition):
+            job_transition(state.value, event)
+
+
+def test_terminal_run_states_have_no_way_out() -> None:
+    from storage.model import TERMINAL_RUN_STATES
+    assert not [k for k in RUN_TRANSITIONS if k[0] in TERMINAL_RUN_STATES]
+
+
+FORBIDDEN = re.compile(r"(\btime\.(time|monotonic|sleep)\(|datetime\.(now|utcnow|today)\(|\bimport random\b|"
+                       r"\bfrom random\b|\buuid\.|os\.environ|[^_a-zA-Z.]hash\()")
+
+
+def test_storage_is_pure() -> None:
+    root = pathlib.Path(__file__).resolve().parents[2] / "storage"
+    hits = [f"{p.name}:{n}: {line.strip()}" for p in root.glob("*.py")
+            for n, line in enumerate(p.read_text().splitlines(), 1) if FORBIDDEN.search(line)]
+    assert hits == []

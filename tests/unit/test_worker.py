@@ -1,0 +1,489 @@
+"""Worker SDK against fake nodes that speak /v1/tasks/* from docs/api.md.
+
+The fake nodes run on their own event loop in a background thread and share one
+in-memory FakeCluster, the way real nodes share replicated state; the worker
+runs `run()` in another thread, so `stop()` is exercised from a foreign thread."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+import pytest
+from aiohttp import web
+
+from schedulerd import timefmt
+from schedulerd.worker import ERROR_BYTES_MAX, Task, Worker
+
+LOG = "schedulerd.worker"
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def iso(dt: datetime) -> str:
+    return timefmt.to_iso(timefmt.from_datetime(dt))
+
+
+class FakeCluster:
+    """Run state shared by all fake nodes: queued tasks, leases, and a log of
+    every request as (kind, node, body, status)."""
+
+    def __init__(self, lease_s: float = 30.0) -> None:
+        self.lease_s = lease_s
+        self.any_queue = False  # deliver tasks of queues the poll did not ask for
+        self.lock = threading.Lock()
+        self.queued: list[dict[str, Any]] = []
+        self.leased: dict[str, dict[str, Any]] = {}
+        self.events: list[tuple[str, str, dict[str, Any], int]] = []
+        self.delivered_by: dict[str, str] = {}
+        self.active_polls = 0
+        self._ids = itertools.count(1)
+        self._fences = itertools.count(4711)
+
+    def add(self, queue: str, payload: Any = None) -> str:
+        n = next(self._ids)
+        scheduled = datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc) + timedelta(seconds=n)
+        task = {"run_id": f"0-{n}-0", "job_id": f"job-{n}", "queue": queue,
+                "scheduled_time": iso(scheduled), "attempt": 0,
+                "idempotency_key": f"job-{n}:{iso(scheduled)}", "payload": payload}
+        with self.lock:
+            self.queued.append(task)
+        return task["run_id"]
+
+    def lease(self, node: str, worker_id: str, queues: list[str], n: int) -> list[dict[str, Any]]:
+        with self.lock:
+            picked = [t for t in self.queued if self.any_queue or t["queue"] in queues][:n]
+            for task in picked:
+                self.queued.remove(task)
+                task.update(attempt=task["attempt"] + 1, fence=next(self._fences),
+                            worker_id=worker_id, lease_until=self._lease_until())
+                self.leased[task["run_id"]] = task
+                self.delivered_by[task["run_id"]] = node
+            return [{k: v for k, v in t.items() if k != "worker_id"} for t in picked]
+
+    def holder(self, run_id: str, worker_id: str, fence: int) -> dict[str, Any] | None:
+        """The leased task if this worker still holds this fence, else None (stale)."""
+        task = self.leased.get(run_id)
+        if task is None or task["worker_id"] != worker_id or task["fence"] != fence:
+            return None
+        if timefmt.from_iso(task["lease_until"]) < timefmt.from_datetime(datetime.now(timezone.utc)):
+            return None
+        return task
+
+    def extend(self, run_id: str, worker_id: str, fence: int) -> str | None:
+        with self.lock:
+            task = self.holder(run_id, worker_id, fence)
+            if task is None:
+                return None
+            task["lease_until"] = self._lease_until()
+            return task["lease_until"]
+
+    def finish(self, run_id: str, worker_id: str, fence: int) -> bool:
+        with self.lock:
+            if self.holder(run_id, worker_id, fence) is None:
+                return False
+            del self.leased[run_id]
+            return True
+
+    def revoke(self, run_id: str) -> None:
+        """What a lease expiry plus redelivery does to the old holder: a new fence."""
+        with self.lock:
+            self.leased[run_id]["fence"] = next(self._fences)
+
+    def record(self, kind: str, node: str, body: dict[str, Any], status: int) -> None:
+        with self.lock:
+            self.events.append((kind, node, body, status))
+
+    def bodies(self, kind: str, status: int = 200) -> list[dict[str, Any]]:
+        with self.lock:
+            return [b for k, _, b, s in self.events if k == kind and s == status]
+
+    def _lease_until(self) -> str:
+        return iso(datetime.now(timezone.utc) + timedelta(seconds=self.lease_s))
+
+
+def stale(run_id: str) -> dict[str, Any]:
+    return {"code": "stale_fence", "message": f"run {run_id}: lease is not yours"}
+
+
+class FakeNode:
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.cluster = cluster
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        app = web.Application()
+        app.add_routes([
+            web.post("/v1/tasks/poll", self.poll),
+            web.post("/v1/tasks/heartbeat", self.heartbeat_batch),
+            web.post("/v1/tasks/{run_id}/heartbeat", self.heartbeat),
+            web.post("/v1/tasks/{run_id}/ack", self.settle),
+            web.post("/v1/tasks/{run_id}/nack", self.settle),
+        ])
+        self.runner = web.AppRunner(app, shutdown_timeout=0.5)
+
+    async def start(self) -> None:
+        await self.runner.setup()
+        await web.SockSite(self.runner, self.sock).start()
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+    def reply(self, kind: str, body: dict[str, Any], status: int, data: dict[str, Any]) -> web.Response:
+        self.cluster.record(kind, self.url, body, status)
+        return web.json_response(data, status=status)
+
+    async def poll(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if not 1 <= body["max_tasks"] <= 100 or not 0 <= body["wait_s"] <= 30:
+            return self.reply("poll", body, 400, {"error": {"code": "limit_exceeded",
+                                                           "message": "max_tasks or wait_s"}})
+        deadline = time.monotonic() + body["wait_s"]
+        self.cluster.active_polls += 1
+        try:
+            while True:
+                if request.transport is None or request.transport.is_closing():
+                    return self.reply("poll", body, 200, {"tasks": []})  # client gone
+                tasks = self.cluster.lease(self.url, body["worker_id"], body["queues"],
+                                           body["max_tasks"])
+                if tasks or time.monotonic() >= deadline:
+                    return self.reply("poll", body, 200, {"tasks": tasks})
+                await asyncio.sleep(0.01)
+        finally:
+            self.cluster.active_polls -= 1
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        run_id = request.match_info["run_id"]
+        until = self.cluster.extend(run_id, body["worker_id"], body["fence"])
+        if until is None:
+            return self.reply("heartbeat", body, 409, {"error": stale(run_id)})
+        return self.reply("heartbeat", body, 200, {"lease_until": until})
+
+    async def heartbeat_batch(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        results = []
+        for lease in body["leases"]:
+            until = self.cluster.extend(lease["run_id"], body["worker_id"], lease["fence"])
+            results.append({"run_id": lease["run_id"], "ok": True, "lease_until": until}
+                           if until else
+                           {"run_id": lease["run_id"], "ok": False, "error": stale(lease["run_id"])})
+        return self.reply("heartbeat_batch", body, 200, {"results": results})
+
+    async def settle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        run_id = request.match_info["run_id"]
+        kind = request.path.rsplit("/", 1)[1]
+        body["run_id"] = run_id
+        if not self.cluster.finish(run_id, body["worker_id"], body["fence"]):
+            return self.reply(kind, body, 409, {"error": stale(run_id)})
+        state = "succeeded" if kind == "ack" else "retry_wait"
+        return self.reply(kind, body, 200, {"run": {"run_id": run_id, "state": state}})
+
+
+class Net:
+    """Fake nodes on a background event loop; workers in their own threads."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.nodes: list[FakeNode] = []
+        self.workers: list[tuple[Worker, threading.Thread]] = []
+
+    def node(self, cluster: FakeCluster) -> FakeNode:
+        node = FakeNode(cluster)
+        asyncio.run_coroutine_threadsafe(node.start(), self.loop).result(5)
+        self.nodes.append(node)
+        return node
+
+    def kill(self, node: FakeNode) -> None:
+        asyncio.run_coroutine_threadsafe(node.stop(), self.loop).result(5)
+        self.nodes.remove(node)
+
+    def run(self, worker: Worker) -> threading.Thread:
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        self.workers.append((worker, thread))
+        return thread
+
+    def close(self) -> None:
+        for worker, thread in self.workers:
+            worker.stop()
+            thread.join(5)
+            assert not thread.is_alive(), "worker did not stop within 5 s"
+        for node in list(self.nodes):
+            self.kill(node)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture
+def net():
+    net = Net()
+    yield net
+    net.close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_sync_and_async_handlers_are_acked_with_their_results(net):
+    cluster = FakeCluster()
+    node = net.node(cluster)
+    worker = Worker([node.url], worker_id="w1", wait_s=1.0)
+    seen: dict[str, tuple[Task, str]] = {}
+
+    @worker.handler("emails")
+    def send(task: Task) -> dict[str, Any]:
+        seen["emails"] = (task, threading.current_thread().name)
+        return {"sent_to": task.payload["to"]}
+
+    @worker.handler("reports")
+    async def report(task: Task) -> list[int]:
+        seen["reports"] = (task, threading.current_thread().name)
+        return [task.payload, task.attempt]
+
+    email_run = cluster.add("emails", {"to": "a@example.com"})
+    report_run = cluster.add("reports", 7)
+    net.run(worker)
+    wait_until(lambda: worker.stats.acked == 2, what="both acks")
+
+    acks = {b["run_id"]: b for b in cluster.bodies("ack")}
+    assert acks[email_run]["result"] == {"sent_to": "a@example.com"}
+    assert acks[report_run]["result"] == [7, 1]
+    assert acks[email_run]["worker_id"] == "w1"
+    task, thread_name = seen["emails"]
+    assert thread_name.startswith("schedulerd-task")  # sync handlers run off the event loop
+    assert not seen["reports"][1].startswith("schedulerd-task")
+    assert task.scheduled_time.tzinfo is not None and task.scheduled_time.utcoffset() == timedelta(0)
+    assert task.idempotency_key == f"{task.job_id}:{iso(task.scheduled_time)}"
+    assert (task.attempt, task.fence) == (1, acks[email_run]["fence"])
+    assert task.lease_until > datetime.now(timezone.utc)
+    assert sorted(cluster.bodies("poll")[0]["queues"]) == ["emails", "reports"]
+    assert worker.stats.polled == 2 and worker.stats.nacked == 0
+
+
+def test_handler_exception_is_nacked_with_error_text(net, caplog):
+    caplog.set_level(logging.INFO, logger=LOG)
+    cluster = FakeCluster()
+    node = net.node(cluster)
+    worker = Worker([node.url], wait_s=1.0)
+
+    @worker.handler("emails")
+    def send(task: Task) -> None:
+        raise ValueError(task.payload)
+
+    short = cluster.add("emails", "bad address: nobody@")
+    huge = cluster.add("emails", "x" * 20_000)
+    net.run(worker)
+    wait_until(lambda: worker.stats.nacked == 2, what="two nacks")
+
+    nacks = {b["run_id"]: b["error"] for b in cluster.bodies("nack")}
+    assert nacks[short].startswith("ValueError: bad address: nobody@\n")
+    assert "raise ValueError(task.payload)" in nacks[short]  # the innermost frame survives
+    assert len(nacks[huge].encode()) <= ERROR_BYTES_MAX
+    assert nacks[huge].startswith("ValueError: xxx")
+    assert "raise ValueError(task.payload)" in nacks[huge]
+    assert worker.stats.acked == 0 and not cluster.bodies("ack")
+    assert f"task_nacked run_id={short}" in caplog.text
+
+
+def test_slow_handler_is_heartbeated_past_its_lease_before_ack(net):
+    cluster = FakeCluster(lease_s=0.9)  # interval max(0.5 s, 0.9 s / 3) = 0.5 s
+    node = net.node(cluster)
+    worker = Worker([node.url], wait_s=1.0)
+
+    @worker.handler("slow")
+    def slow(task: Task) -> str:
+        # Outlive the original lease: the ack only succeeds if heartbeats extended it.
+        wait_until(lambda: len(cluster.bodies("heartbeat_batch")) >= 2, what="two heartbeats")
+        return "done"
+
+    run_id = cluster.add("slow")
+    net.run(worker)
+    wait_until(lambda: worker.stats.acked == 1, what="ack after heartbeats")
+
+    kinds = [(k, s) for k, _, b, s in cluster.events if k != "poll"]
+    assert kinds[:2] == [("heartbeat_batch", 200), ("heartbeat_batch", 200)]
+    assert ("ack", 200) in kinds
+    leases = cluster.bodies("heartbeat_batch")[0]["leases"]
+    assert leases == [{"run_id": run_id, "fence": cluster.bodies("ack")[0]["fence"]}]
+    assert worker.stats.lease_lost == 0
+
+
+def test_concurrency_limit_holds_across_servers(net):
+    cluster = FakeCluster()
+    nodes = [net.node(cluster), net.node(cluster)]
+    worker = Worker([n.url for n in nodes], concurrency=3, wait_s=1.0)
+    lock = threading.Lock()
+    running = [0]
+    peak = [0]
+
+    @worker.handler("work")
+    def work(task: Task) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)  # the work itself; gives the limit a chance to be broken
+        with lock:
+            running[0] -= 1
+
+    for _ in range(15):
+        cluster.add("work")
+    net.run(worker)
+    wait_until(lambda: worker.stats.acked == 15, what="15 acks")
+
+    assert peak[0] == 3
+    assert all(1 <= b["max_tasks"] <= 3 for b in cluster.bodies("poll"))
+    assert {cluster.delivered_by[r] for r in (b["run_id"] for b in cluster.bodies("ack"))} \
+        == {n.url for n in nodes}  # both loops did work
+
+
+def test_dead_server_does_not_stop_the_worker(net, caplog):
+    caplog.set_level(logging.INFO, logger=LOG)
+    cluster = FakeCluster()
+    live = net.node(cluster)
+    dead = closed_port_url()
+    worker = Worker([dead, live.url], concurrency=2, wait_s=1.0)
+    worker.handler("work")(lambda task: task.payload)
+
+    for i in range(6):
+        cluster.add("work", i)
+    net.run(worker)
+    wait_until(lambda: worker.stats.acked == 6, what="6 acks")
+    wait_until(lambda: worker.stats.poll_errors >= 2, what="the dead node retried")
+
+    assert sorted(b["result"] for b in cluster.bodies("ack")) == list(range(6))
+    assert f"poll_failed server={dead}" in caplog.text
+
+
+def test_ack_fails_over_when_the_delivering_node_dies(net):
+    cluster = FakeCluster()
+    nodes = {n.url: n for n in (net.node(cluster), net.node(cluster))}
+    worker = Worker(list(nodes), wait_s=1.0)
+    started, release = threading.Event(), threading.Event()
+
+    @worker.handler("work")
+    def work(task: Task) -> str:
+        started.set()
+        release.wait(5)
+        return "ok"
+
+    run_id = cluster.add("work")
+    net.run(worker)
+    wait_until(started.is_set, what="handler start")
+    delivered_by = cluster.delivered_by[run_id]
+    net.kill(nodes[delivered_by])
+    release.set()
+    wait_until(lambda: worker.stats.acked == 1, what="ack via the surviving node")
+
+    [(_, acked_by, body, _)] = [e for e in cluster.events if e[0] == "ack"]
+    assert acked_by != delivered_by and body["result"] == "ok"
+
+
+def test_stale_fence_on_heartbeat_is_lease_lost_not_a_crash(net, caplog):
+    caplog.set_level(logging.INFO, logger=LOG)
+    cluster = FakeCluster(lease_s=1.5)  # heartbeat every 0.5 s
+    node = net.node(cluster)
+    worker = Worker([node.url], wait_s=1.0)
+    release = threading.Event()
+
+    @worker.handler("work")
+    def work(task: Task) -> str:
+        if task.payload == "first":
+            release.wait(5)
+        return task.payload
+
+    first = cluster.add("work", "first")
+    thread = net.run(worker)
+    wait_until(lambda: first in cluster.leased, what="delivery")
+    fence = cluster.leased[first]["fence"]
+    cluster.revoke(first)
+    wait_until(lambda: worker.stats.lease_lost == 1, what="lease_lost")
+    assert f"lease_lost run_id={first} fence={fence}" in caplog.text
+
+    release.set()
+    wait_until(lambda: cluster.bodies("ack", status=409), what="the rejected ack")
+    cluster.add("work", "second")
+    wait_until(lambda: worker.stats.acked == 1, what="the next task's ack")
+
+    assert thread.is_alive()
+    assert [b["result"] for b in cluster.bodies("ack")] == ["second"]
+    assert worker.stats.lease_lost == 1  # the expected 409 on ack is not counted twice
+
+
+def test_stop_drains_running_handler_then_returns(net):
+    cluster = FakeCluster()
+    node = net.node(cluster)
+    worker = Worker([node.url], concurrency=2, wait_s=5.0)
+    started, release = threading.Event(), threading.Event()
+
+    @worker.handler("work")
+    async def work(task: Task) -> str:
+        started.set()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 5)
+        return "drained"
+
+    cluster.add("work")
+    thread = net.run(worker)
+    wait_until(started.is_set, what="handler start")
+    wait_until(lambda: cluster.active_polls == 1, what="the free slot's long-poll")
+    worker.stop()
+    wait_until(lambda: cluster.active_polls == 0, what="polling to stop")
+    late = cluster.add("work")
+    thread.join(0.3)
+    assert thread.is_alive(), "run() returned before its handler finished"
+
+    release.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert [b["result"] for b in cluster.bodies("ack")] == ["drained"]
+    assert [t["run_id"] for t in cluster.queued] == [late]
+
+
+def test_task_for_a_queue_without_handler_is_nacked(net):
+    cluster = FakeCluster()
+    cluster.any_queue = True
+    node = net.node(cluster)
+    worker = Worker([node.url], worker_id="w9", wait_s=1.0)
+    worker.handler("emails")(lambda task: None)
+
+    run_id = cluster.add("nobody")
+    net.run(worker)
+    wait_until(lambda: worker.stats.nacked == 1, what="nack")
+
+    [nack] = cluster.bodies("nack")
+    assert nack["run_id"] == run_id
+    assert nack["error"] == "NoHandler: worker w9 has no handler for queue 'nobody'"
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"servers": []}, {"servers": "http://x"}, {"concurrency": 0},
+    {"wait_s": -1}, {"heartbeat_interval_s": 0},
+])
+def test_bad_config_is_rejected(kwargs):
+    with pytest.raises(ValueError):
+        Worker(**{"servers": ["http://127.0.0.1:1"], **kwargs})
+
+
+def test_a_queue_takes_one_handler():
+    worker = Worker(["http://127.0.0.1:1"])
+    worker.handler("q")(lambda task: None)
+    with pytest.raises(ValueError, match="already has a handler"):
+        worker.handler("q")(lambda task: None)
