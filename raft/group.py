@@ -6,6 +6,7 @@ renumber them and change what old log entries mean)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from typing import Any, Callable
@@ -147,7 +148,7 @@ class Group:
             "ready": self.replica.isReady(),
             "peers": self.peers,
             "journal_entries": s["log_len"],
-            "fsync": self.journal.stats_dict() if hasattr(self.journal, "stats_dict") else None,
+            "journal_fsync": dataclasses.asdict(self.journal.stats),
         }
 
     def destroy(self) -> None:

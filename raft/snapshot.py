@@ -56,6 +56,7 @@ def restore(store: Store, path: str) -> tuple[Any, ...]:
     usually ahead of its last snapshot and is kept: the journal replay skips
     what it already has. Only a store that is behind (wiped, or a lagging node
     sent a snapshot) is replaced by the snapshot's copy."""
+    _fsync_file(path)  # pysyncobj writes a received snapshot without fsync, then clears the journal
     header, offset = read_header(path)
     local = store.last_applied()
     if local < header["last_applied"]:
@@ -74,3 +75,16 @@ def restore(store: Store, path: str) -> tuple[Any, ...]:
                     path, local, header["last_applied"])
     last, prev = header["last"], header["prev"]
     return (tuple(last), tuple(prev), None)
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

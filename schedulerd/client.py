@@ -170,7 +170,7 @@ class Client:
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        self.servers = _parse_servers(servers)
+        self._servers = _parse_servers(servers)
         self.timeout_s = timeout_s
         self._token = token
         self._preferred = 0  # index of the last server that answered
@@ -320,7 +320,7 @@ class Client:
         while True:
             retry_after_s = 0.0
             for index in self._round():
-                server = self.servers[index]
+                server = self._servers[index]
                 read_s = min(attempt_s, deadline - time.monotonic())
                 try:
                     response = self._send(server, method, target, data, read_s)
@@ -347,14 +347,14 @@ class Client:
             backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
 
     def _round(self) -> list[int]:
-        count = len(self.servers)
+        count = len(self._servers)
         return [(self._preferred + offset) % count for offset in range(count)]
 
     def _send(
         self, server: _Server, method: str, target: str, data: bytes | None, read_s: float
     ) -> _Response:
-        connection_class = http.client.HTTPSConnection if server.https else http.client.HTTPConnection
-        conn = connection_class(server.host, server.port, timeout=min(read_s, CONNECT_S_MAX))
+        connection = http.client.HTTPSConnection if server.https else http.client.HTTPConnection
+        conn = connection(server.host, server.port, timeout=min(read_s, CONNECT_S_MAX))
         connected = False
         try:
             conn.connect()

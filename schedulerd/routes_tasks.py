@@ -101,10 +101,11 @@ def _group(node: Node, run_id: str) -> Group:
     return group
 
 
-def _by_group(node: Node, items: list[tuple[Any, ...]]) -> dict[int, list[tuple[Any, ...]]]:
-    out: dict[int, list[tuple[Any, ...]]] = {}
-    for item in items:
-        out.setdefault(_group(node, item[0]).group_id, []).append(item)
+def _by_group(node: Node, items: list[tuple[Any, ...]]) -> dict[int, list[int]]:
+    """Positions of items per group (the first field of an item is its run id)."""
+    out: dict[int, list[int]] = {}
+    for position, item in enumerate(items):
+        out.setdefault(_group(node, item[0]).group_id, []).append(position)
     return out
 
 
@@ -116,27 +117,25 @@ def _item_result(r: dict[str, Any]) -> dict[str, Any]:
 
 async def _heartbeat(node: Node, worker_id: str, pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
     now = node.clock.now_us()
-    found: dict[str, dict[str, Any]] = {}
-    for group_id, group_pairs in _by_group(node, pairs).items():
+    out: list[dict[str, Any]] = [{}] * len(pairs)
+    for group_id, positions in _by_group(node, pairs).items():
         result = await node.propose(node.groups[group_id], Op.HEARTBEAT, {
             "now": now, "worker_id": worker_id, "lease_until": now + int(node.config.lease_s * US),
-            "leases": [list(p) for p in group_pairs]})
-        for r in result["results"]:
-            out = _item_result(r)
+            "leases": [list(pairs[p]) for p in positions]})
+        for position, r in zip(positions, result["results"]):
+            out[position] = _item_result(r)
             if r["ok"]:
-                out["lease_until"] = to_iso(r["lease_until_us"])
-            found[r["run_id"]] = out
-    return [found[run_id] for run_id, _ in pairs]
+                out[position]["lease_until"] = to_iso(r["lease_until_us"])
+    return out
 
 
 async def _ack(node: Node, worker_id: str, acks: list[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
-    found: dict[str, dict[str, Any]] = {}
-    for group_id, group_acks in _by_group(node, acks).items():
+    out: list[dict[str, Any]] = [{}] * len(acks)
+    for group_id, positions in _by_group(node, acks).items():
         result = await node.propose(node.groups[group_id], Op.ACK,
-                                    {"worker_id": worker_id, "acks": [list(a) for a in group_acks]})
-        for r in result["results"]:
-            out = _item_result(r)
+                                    {"worker_id": worker_id, "acks": [list(acks[p]) for p in positions]})
+        for position, r in zip(positions, result["results"]):
+            out[position] = _item_result(r)
             if r["ok"]:
-                out["run"] = views.run(r["run"])
-            found[r["run_id"]] = out
-    return [found[run_id] for run_id, _, _ in acks]
+                out[position]["run"] = views.run(r["run"])
+    return out

@@ -18,7 +18,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Coroutine, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import quote
 
 import aiohttp
@@ -62,17 +62,10 @@ class Task:
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Task:
-        return cls(
-            run_id=str(data["run_id"]),
-            job_id=str(data["job_id"]),
-            queue=str(data["queue"]),
-            scheduled_time=_parse_time(data["scheduled_time"]),
-            attempt=int(data["attempt"]),
-            fence=int(data["fence"]),
-            idempotency_key=str(data["idempotency_key"]),
-            lease_until=_parse_time(data["lease_until"]),
-            payload=data.get("payload"),
-        )
+        return cls(run_id=str(data["run_id"]), job_id=str(data["job_id"]), queue=str(data["queue"]),
+                   scheduled_time=_parse_time(data["scheduled_time"]), attempt=int(data["attempt"]),
+                   fence=int(data["fence"]), idempotency_key=str(data["idempotency_key"]),
+                   lease_until=_parse_time(data["lease_until"]), payload=data.get("payload"))
 
 
 @dataclass
@@ -95,15 +88,9 @@ class _Lease:
 
 
 class Worker:
-    def __init__(
-        self,
-        servers: Sequence[str],
-        worker_id: str | None = None,
-        concurrency: int = 4,
-        wait_s: float = 20.0,
-        heartbeat_interval_s: float | None = None,
-        token: str | None = None,
-    ) -> None:
+    def __init__(self, servers: Sequence[str], worker_id: str | None = None, concurrency: int = 4,
+                 wait_s: float = 20.0, heartbeat_interval_s: float | None = None,
+                 token: str | None = None) -> None:
         if isinstance(servers, str) or not servers:
             raise ValueError("servers: give a non-empty list of base URLs")
         if concurrency < 1:
@@ -220,23 +207,24 @@ class Worker:
             self._loop = None
         log.info("worker_stopped worker_id=%s stats=%s", self.worker_id, self.stats)
 
-    # -- polling --
-
     async def _poll_loop(self, server: str) -> None:
-        backoff = _Backoff()
+        backoff = _backoff_s()
         while True:
             held = await self._reserve_slots()
             try:
                 tasks = await self._poll(server, held)
             except (*_TRANSIENT, SchedulerError) as exc:
                 self._release_slots(held)
-                self._on_poll_failed(server, exc)
-                await asyncio.sleep(backoff.next_s())
+                self.stats.poll_errors += 1
+                # A 4xx means this SDK and the server disagree on the contract: a bug, not weather.
+                level = logging.WARNING if isinstance(exc, _TRANSIENT) else logging.ERROR
+                log.log(level, "poll_failed server=%s error=%s", server, _describe(exc))
+                await asyncio.sleep(next(backoff))
                 continue
             except asyncio.CancelledError:
                 self._release_slots(held)
                 raise
-            backoff.reset()
+            backoff = _backoff_s()
             self._release_slots(held - self._start_tasks(server, tasks, held))
 
     async def _reserve_slots(self) -> int:
@@ -265,35 +253,20 @@ class Worker:
         self.stats.polled += len(tasks)
         return tasks
 
-    def _on_poll_failed(self, server: str, exc: BaseException) -> None:
-        self.stats.poll_errors += 1
-        # A 4xx means this SDK and the server disagree on the contract: a bug, not weather.
-        level = logging.WARNING if isinstance(exc, _TRANSIENT) else logging.ERROR
-        log.log(level, "poll_failed server=%s error=%s", server, _describe(exc))
-
     def _start_tasks(self, server: str, tasks: list[Task], held: int) -> int:
         """Spawn a runner per task, each owning one held slot; returns slots used."""
-        for task in tasks[held:]:
-            # Over max_tasks breaks the contract; nack so the run returns soon
-            # instead of sitting out its lease here.
-            log.error("poll_overflow server=%s run_id=%s max_tasks=%d", server, task.run_id, held)
-            self._spawn(self._finish(self._new_lease(server, task), "nack",
-                                     "Overflow: server sent more tasks than max_tasks"))
+        if len(tasks) > held:  # breaks the contract; the extras return when their lease expires
+            log.error("poll_overflow server=%s tasks=%d max_tasks=%d", server, len(tasks), held)
         for task in tasks[:held]:
-            self._spawn(self._run_task(server, task))
+            runner = asyncio.create_task(self._run_task(server, task))
+            self._running.add(runner)
+            runner.add_done_callback(self._runner_done)
         return min(len(tasks), held)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        runner = asyncio.create_task(coro)
-        self._running.add(runner)
-        runner.add_done_callback(self._runner_done)
 
     def _runner_done(self, runner: asyncio.Task[None]) -> None:
         self._running.discard(runner)
         if not runner.cancelled() and runner.exception() is not None:
             log.error("task_crashed", exc_info=runner.exception())
-
-    # -- running a task --
 
     def _new_lease(self, server: str, task: Task) -> _Lease:
         left_s = _seconds_until(task.lease_until)
@@ -304,6 +277,9 @@ class Worker:
     async def _run_task(self, server: str, task: Task) -> None:
         try:
             lease = self._new_lease(server, task)
+            older = self._leases.get(task.run_id)
+            if older is not None:  # redelivered to us while we still run it: the old fence is dead
+                self._lose(older)
             self._leases[task.run_id] = lease
             self._leases_changed.set()
             log.info("task_started run_id=%s queue=%s attempt=%d fence=%d",
@@ -311,7 +287,8 @@ class Worker:
             try:
                 verb, value = await self._call(task)
             finally:
-                del self._leases[task.run_id]
+                if self._leases.get(task.run_id) is lease:
+                    del self._leases[task.run_id]
             await self._finish(lease, verb, value)
         finally:
             self._slots.release()
@@ -337,17 +314,17 @@ class Worker:
         task = lease.task
         body = {"worker_id": self.worker_id, "fence": task.fence,
                 ("result" if verb == "ack" else "error"): value}
+        path = f"/v1/tasks/{quote(task.run_id, safe='')}/{verb}"
         try:
-            settled = await self._settle(lease, f"/v1/tasks/{quote(task.run_id, safe='')}/{verb}", body)
+            settled = await self._settle(lease, path, body)
         except Conflict as exc:
-            if isinstance(exc, StaleFence) and lease.lost:
-                log.info("task_%s_rejected run_id=%s fence=%d reason=lease_lost",
-                         verb, task.run_id, task.fence)
-            else:
-                log.warning("task_%s_rejected run_id=%s fence=%d error=%s",
-                            verb, task.run_id, task.fence, _describe(exc))
-                if isinstance(exc, StaleFence):
-                    self._lose(lease)
+            # Expected after a heartbeat found the lease lost; otherwise news worth a warning.
+            expected = isinstance(exc, StaleFence) and lease.lost
+            log.log(logging.INFO if expected else logging.WARNING,
+                    "task_%s_rejected run_id=%s fence=%d error=%s",
+                    verb, task.run_id, task.fence, _describe(exc))
+            if isinstance(exc, StaleFence):
+                self._lose(lease)
             return
         except SchedulerError as exc:
             log.error("task_%s_failed run_id=%s error=%s", verb, task.run_id, _describe(exc))
@@ -366,30 +343,23 @@ class Worker:
         """POST to the delivering node, failing over to the others, until the lease
         would have expired (after that the run is redelivered and our fence is stale)."""
         loop = asyncio.get_running_loop()
-        backoff = _Backoff()
+        backoff = _backoff_s()
         while True:
-            for server in self._failover_order(lease.server):
-                try:
-                    await self._request(server, path, body)
-                    return True
-                except _TRANSIENT as exc:
-                    last = exc
-            if loop.time() >= lease.deadline:
-                log.error("task_settle_abandoned run_id=%s path=%s error=%s",
-                          lease.task.run_id, path, _describe(last))
-                return False
-            await asyncio.sleep(backoff.next_s())
-
-    def _failover_order(self, first: str) -> list[str]:
-        return [first, *(s for s in self.servers if s != first)]
+            try:
+                await self._post_any(lease.server, path, body)
+                return True
+            except _TRANSIENT as exc:
+                if loop.time() >= lease.deadline:
+                    log.error("task_settle_abandoned run_id=%s path=%s error=%s",
+                              lease.task.run_id, path, _describe(exc))
+                    return False
+            await asyncio.sleep(next(backoff))
 
     def _lose(self, lease: _Lease) -> None:
         if not lease.lost:
             lease.lost = True
             self.stats.lease_lost += 1
             log.warning("lease_lost run_id=%s fence=%d", lease.task.run_id, lease.task.fence)
-
-    # -- heartbeats --
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -417,20 +387,14 @@ class Worker:
     async def _heartbeat(self, server: str, leases: list[_Lease]) -> None:
         body = {"worker_id": self.worker_id,
                 "leases": [{"run_id": l.task.run_id, "fence": l.task.fence} for l in leases]}
-        error: BaseException | None = None
-        for candidate in self._failover_order(server):
-            try:
-                data = await self._request(candidate, "/v1/tasks/heartbeat", body)
-            except _TRANSIENT as exc:
-                error = exc  # node down or leaderless: the next one may answer
-                continue
-            except SchedulerError as exc:
-                error = exc  # a 4xx: every node would say the same
-                break
-            self._apply_heartbeat_results(leases, data)
+        try:
+            data = await self._post_any(server, "/v1/tasks/heartbeat", body)
+        except (*_TRANSIENT, SchedulerError) as exc:
+            # The next round retries; the ack finds out whether the lease survived.
+            log.warning("heartbeat_failed server=%s leases=%d error=%s",
+                        server, len(leases), _describe(exc))
             return
-        log.warning("heartbeat_failed server=%s leases=%d error=%s",
-                    server, len(leases), _describe(error))
+        self._apply_heartbeat_results(leases, data)
 
     def _apply_heartbeat_results(self, leases: list[_Lease], data: dict[str, Any]) -> None:
         by_run = {lease.task.run_id: lease for lease in leases}
@@ -447,7 +411,15 @@ class Worker:
                 log.warning("heartbeat_rejected run_id=%s error=%s",
                             lease.task.run_id, item.get("error"))
 
-    # -- HTTP --
+    async def _post_any(self, first: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST to `first`, then to the other nodes while the failure is the node's
+        (down, leaderless, 5xx) rather than the request's."""
+        for server in [first, *(s for s in self.servers if s != first)]:
+            try:
+                return await self._request(server, path, body)
+            except _TRANSIENT as exc:
+                error = exc
+        raise error
 
     async def _request(self, server: str, path: str, body: dict[str, Any],
                        timeout_s: float = _REQUEST_TIMEOUT_S) -> dict[str, Any]:
@@ -459,33 +431,22 @@ class Worker:
         try:
             data = json.loads(text) if text else {}
         except ValueError:
-            data = None
+            data = None  # a proxy's HTML error page, say
         if status < 400 and isinstance(data, dict):
             return data
-        if status < 400:
-            raise Unavailable(f"{server}{path}: HTTP {status} with a non-object body")
         wire = data.get("error") if isinstance(data, dict) else None
         wire = wire if isinstance(wire, dict) else {}
-        message = str(wire.get("message") or text[:200])
-        exc = from_wire(str(wire.get("code", "error")), f"{server}{path}: {message}")
-        if status >= 500 and not isinstance(exc, Unavailable):
-            exc = Unavailable(f"{server}{path}: HTTP {status}: {message}")
-        raise exc
+        message = f"{server}{path}: HTTP {status}: {wire.get('message') or text[:200]}"
+        exc = from_wire(str(wire.get("code", "error")), message)
+        raise exc if 400 <= status < 500 or isinstance(exc, Unavailable) else Unavailable(message)
 
 
-class _Backoff:
-    """Exponential, capped, jittered: nodes that come back are not stampeded."""
-
-    def __init__(self) -> None:
-        self._s = _BACKOFF_S_FIRST
-
-    def next_s(self) -> float:
-        delay_s = random.uniform(self._s / 2, self._s)
-        self._s = min(self._s * 2, _BACKOFF_S_MAX)
-        return delay_s
-
-    def reset(self) -> None:
-        self._s = _BACKOFF_S_FIRST
+def _backoff_s() -> Iterator[float]:
+    """Exponential, capped, jittered delays: nodes that come back are not stampeded."""
+    ceiling_s = _BACKOFF_S_FIRST
+    while True:
+        yield random.uniform(ceiling_s / 2, ceiling_s)
+        ceiling_s = min(ceiling_s * 2, _BACKOFF_S_MAX)
 
 
 def _parse_time(text: str) -> datetime:
@@ -501,18 +462,12 @@ def _describe(exc: BaseException | None) -> str:
 
 
 def _error_text(exc: BaseException) -> str:
-    """`ExcType: message` plus the innermost frames, at most ERROR_BYTES_MAX bytes."""
-    head = _clip_bytes(f"{type(exc).__name__}: {exc}", _ERROR_HEAD_BYTES_MAX, keep="start")
+    """`ExcType: message` plus the innermost frames, at most ERROR_BYTES_MAX bytes.
+    Cuts are by bytes; errors="ignore" drops a character a cut split in two."""
+    head = f"{type(exc).__name__}: {exc}".encode()[:_ERROR_HEAD_BYTES_MAX].decode(errors="ignore")
     frames = "".join(traceback.format_tb(exc.__traceback__)[-_TRACEBACK_FRAMES_MAX:])
     if not frames:
         return head
     lead = f"{head}\nTraceback (innermost last):\n"
-    return lead + _clip_bytes(frames, ERROR_BYTES_MAX - len(lead.encode()), keep="end")
-
-
-def _clip_bytes(text: str, limit: int, keep: str) -> str:
-    data = text.encode()
-    if len(data) <= limit:
-        return text
-    cut = data[:limit] if keep == "start" else data[-limit:]
-    return cut.decode(errors="ignore")  # drop a multi-byte character split by the cut
+    budget = ERROR_BYTES_MAX - len(lead.encode())  # > 0: the head is capped well below
+    return lead + frames.encode()[-budget:].decode(errors="ignore")

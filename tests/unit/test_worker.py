@@ -8,10 +8,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -21,6 +25,7 @@ from schedulerd import timefmt
 from schedulerd.worker import ERROR_BYTES_MAX, Task, Worker
 
 LOG = "schedulerd.worker"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> None:
@@ -286,13 +291,16 @@ def test_handler_exception_is_nacked_with_error_text(net, caplog):
     worker = Worker([node.url], wait_s=1.0)
 
     @worker.handler("emails")
-    def send(task: Task) -> None:
+    def send(task: Task) -> Any:
+        if task.payload == "not json":
+            return {1, 2}
         raise ValueError(task.payload)
 
     short = cluster.add("emails", "bad address: nobody@")
     huge = cluster.add("emails", "x" * 20_000)
+    not_json = cluster.add("emails", "not json")
     net.run(worker)
-    wait_until(lambda: worker.stats.nacked == 2, what="two nacks")
+    wait_until(lambda: worker.stats.nacked == 3, what="three nacks")
 
     nacks = {b["run_id"]: b["error"] for b in cluster.bodies("nack")}
     assert nacks[short].startswith("ValueError: bad address: nobody@\n")
@@ -300,6 +308,7 @@ def test_handler_exception_is_nacked_with_error_text(net, caplog):
     assert len(nacks[huge].encode()) <= ERROR_BYTES_MAX
     assert nacks[huge].startswith("ValueError: xxx")
     assert "raise ValueError(task.payload)" in nacks[huge]
+    assert nacks[not_json].startswith("TypeError: Object of type set is not JSON serializable")
     assert worker.stats.acked == 0 and not cluster.bodies("ack")
     assert f"task_nacked run_id={short}" in caplog.text
 
@@ -331,18 +340,17 @@ def test_concurrency_limit_holds_across_servers(net):
     cluster = FakeCluster()
     nodes = [net.node(cluster), net.node(cluster)]
     worker = Worker([n.url for n in nodes], concurrency=3, wait_s=1.0)
-    lock = threading.Lock()
     running = [0]
     peak = [0]
 
+    # Async on purpose: sync handlers are also capped by the thread pool's size,
+    # which would hide a leak in the worker's own slot accounting.
     @worker.handler("work")
-    def work(task: Task) -> None:
-        with lock:
-            running[0] += 1
-            peak[0] = max(peak[0], running[0])
-        time.sleep(0.05)  # the work itself; gives the limit a chance to be broken
-        with lock:
-            running[0] -= 1
+    async def work(task: Task) -> None:
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        await asyncio.sleep(0.05)  # the work itself; gives the limit a chance to be broken
+        running[0] -= 1
 
     for _ in range(15):
         cluster.add("work")
@@ -371,6 +379,19 @@ def test_dead_server_does_not_stop_the_worker(net, caplog):
 
     assert sorted(b["result"] for b in cluster.bodies("ack")) == list(range(6))
     assert f"poll_failed server={dead}" in caplog.text
+
+
+def test_rejected_poll_is_logged_as_error_and_retried(net, caplog):
+    caplog.set_level(logging.INFO, logger=LOG)
+    node = net.node(FakeCluster())
+    worker = Worker([node.url], wait_s=31.0)  # over the fake's long_poll_s_max of 30
+    worker.handler("work")(lambda task: None)
+
+    net.run(worker)
+    wait_until(lambda: worker.stats.poll_errors >= 2, what="a retried 400")
+
+    errors = [r for r in caplog.records if r.getMessage().startswith("poll_failed")]
+    assert errors[0].levelno == logging.ERROR and "LimitExceeded" in errors[0].getMessage()
 
 
 def test_ack_fails_over_when_the_delivering_node_dies(net):
@@ -407,7 +428,7 @@ def test_stale_fence_on_heartbeat_is_lease_lost_not_a_crash(net, caplog):
     @worker.handler("work")
     def work(task: Task) -> str:
         if task.payload == "first":
-            release.wait(5)
+            release.wait(10)
         return task.payload
 
     first = cluster.add("work", "first")
@@ -415,7 +436,8 @@ def test_stale_fence_on_heartbeat_is_lease_lost_not_a_crash(net, caplog):
     wait_until(lambda: first in cluster.leased, what="delivery")
     fence = cluster.leased[first]["fence"]
     cluster.revoke(first)
-    wait_until(lambda: worker.stats.lease_lost == 1, what="lease_lost")
+    # Well before the handler returns: the heartbeat, not the ack, found the loss.
+    wait_until(lambda: worker.stats.lease_lost == 1, timeout=3, what="lease_lost")
     assert f"lease_lost run_id={first} fence={fence}" in caplog.text
 
     release.set()
@@ -426,6 +448,28 @@ def test_stale_fence_on_heartbeat_is_lease_lost_not_a_crash(net, caplog):
     assert thread.is_alive()
     assert [b["result"] for b in cluster.bodies("ack")] == ["second"]
     assert worker.stats.lease_lost == 1  # the expected 409 on ack is not counted twice
+
+
+def test_stale_fence_on_ack_counts_as_lease_lost(net, caplog):
+    caplog.set_level(logging.INFO, logger=LOG)
+    cluster = FakeCluster(lease_s=0.3)
+    node = net.node(cluster)
+    worker = Worker([node.url], wait_s=1.0, heartbeat_interval_s=30.0)  # too rare to save it
+    released = threading.Event()
+
+    @worker.handler("work")
+    def work(task: Task) -> None:
+        wait_until(lambda: datetime.now(timezone.utc) > task.lease_until, what="lease expiry")
+        released.set()
+
+    run_id = cluster.add("work")
+    net.run(worker)
+    wait_until(lambda: worker.stats.lease_lost == 1, what="lease_lost from the ack")
+
+    assert released.is_set() and not cluster.bodies("heartbeat_batch")
+    assert [b["run_id"] for b in cluster.bodies("ack", status=409)] == [run_id]
+    assert worker.stats.acked == 0
+    assert f"lease_lost run_id={run_id}" in caplog.text
 
 
 def test_stop_drains_running_handler_then_returns(net):
@@ -455,6 +499,37 @@ def test_stop_drains_running_handler_then_returns(net):
     assert not thread.is_alive()
     assert [b["result"] for b in cluster.bodies("ack")] == ["drained"]
     assert [t["run_id"] for t in cluster.queued] == [late]
+
+
+WORKER_SCRIPT = """
+import sys, time
+from schedulerd.worker import Worker
+worker = Worker([sys.argv[1]], wait_s=1.0)
+
+@worker.handler("work")
+def work(task):
+    print("started", flush=True)
+    time.sleep(float(task.payload))  # still running when the signal arrives
+    return "finished"
+
+worker.run()
+"""
+
+
+def test_sigterm_in_the_main_thread_drains_and_exits(net):
+    cluster = FakeCluster()
+    node = net.node(cluster)
+    run_id = cluster.add("work", 0.5)
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, node.url], cwd=str(ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "started\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(5) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [(b["run_id"], b["result"]) for b in cluster.bodies("ack")] == [(run_id, "finished")]
 
 
 def test_task_for_a_queue_without_handler_is_nacked(net):

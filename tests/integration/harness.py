@@ -1,0 +1,169 @@
+"""Real schedulerd processes on loopback, for integration tests.
+
+Helpers assert (they never return a bool to forget) and wait for conditions
+with a deadline instead of sleeping."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # the condition may fail while a node restarts; keep waiting
+            last_error = exc
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_error!r}")
+
+
+def http(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+@dataclass
+class NodeProc:
+    name: str
+    http_port: int
+    raft_addr: str
+    peers: list[str]
+    data_dir: str
+    log_path: str
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start(self) -> None:
+        args = [sys.executable, "-m", "schedulerd.main", "--data-dir", self.data_dir,
+                "--http", f"127.0.0.1:{self.http_port}", "--raft", self.raft_addr,
+                "--peers", ",".join(self.peers)]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def get(self, path: str) -> tuple[int, Any]:
+        return http("GET", self.url + path)
+
+    def post(self, path: str, body: Any) -> tuple[int, Any]:
+        return http("POST", self.url + path, body)
+
+    def group0(self) -> dict[str, Any]:
+        status, body = self.get("/v1/cluster")
+        assert status == 200, body
+        return body["groups"][0]
+
+
+@dataclass
+class Cluster:
+    nodes: list[NodeProc] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, base_dir: str, n: int) -> "Cluster":
+        ports = free_ports(2 * n)
+        raft = [f"127.0.0.1:{ports[n + i]}" for i in range(n)]
+        nodes = [NodeProc(f"n{i}", ports[i], raft[i], [r for j, r in enumerate(raft) if j != i],
+                          os.path.join(base_dir, f"n{i}"), os.path.join(base_dir, f"n{i}.log"))
+                 for i in range(n)]
+        return cls(nodes)
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        for node in self.nodes:
+            self.wait_ready(node)
+
+    def wait_ready(self, node: NodeProc, timeout_s: float = 30) -> None:
+        wait_until(lambda: node.get("/readyz")[0] == 200, timeout_s, f"{node.name} ready")
+
+    def leader(self, timeout_s: float = 15) -> NodeProc:
+        def find() -> NodeProc | None:
+            for node in self.nodes:
+                if node.proc is not None and node.group0()["is_leader"]:
+                    return node
+            return None
+        return wait_until(find, timeout_s, "a leader")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def wait_converged(self, timeout_s: float = 30) -> int:
+        """All live nodes applied the same last index and nothing is left to commit."""
+        def same() -> int | None:
+            applied = {n.group0()["last_applied"] for n in self.nodes if n.proc is not None}
+            commits = {n.group0()["commit_index"] for n in self.nodes if n.proc is not None}
+            return applied.pop() if len(applied) == 1 and commits == {max(commits)} and \
+                max(commits) == min(applied | {max(commits)}) else None
+        return wait_until(same, timeout_s, "nodes to converge", interval_s=0.2)
+
+
+def lmdb_digest(path: str) -> str:
+    """sha256 over every named database of a (stopped) node's LMDB environment."""
+    import lmdb
+    from storage.db import DB_NAMES
+    env = lmdb.open(path, readonly=True, lock=False, max_dbs=len(DB_NAMES) + 1)
+    h = hashlib.sha256()
+    with env.begin() as txn:
+        for name in DB_NAMES:
+            db = env.open_db(name.encode(), txn=txn, create=False)
+            for k, v in txn.cursor(db=db):
+                h.update(name.encode() + k + b"\x00" + v)
+    env.close()
+    return h.hexdigest()

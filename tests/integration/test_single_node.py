@@ -1,0 +1,129 @@
+"""One real node: jobs created over HTTP run through the worker SDK and show in history."""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from schedulerd.worker import Task, Worker
+from tests.integration.harness import http, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _iso(dt: datetime) -> str:
+    return dt.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def test_one_off_and_cron_jobs_run_via_the_sdk(make_cluster) -> None:
+    cluster = make_cluster(1)
+    node = cluster.nodes[0]
+    seen: list[Task] = []
+    lock = threading.Lock()
+
+    worker = Worker(servers=cluster.urls, concurrency=4, wait_s=2)
+
+    @worker.handler("reports")
+    def handle(task: Task) -> dict:
+        with lock:
+            seen.append(task)
+        return {"handled": task.idempotency_key}
+
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        at = datetime.now(timezone.utc) + timedelta(seconds=1)
+        status, once = node.post("/v1/jobs", {"job_id": "once", "schedule": {"at": _iso(at)},
+                                             "queue": "reports", "payload": {"n": 1}})
+        assert status == 201, once
+        assert once["state"] == "scheduled" and once["next_fire_time"] is not None
+        status, tick = node.post("/v1/jobs", {"job_id": "tick", "schedule": {"cron": "*/1 * * * * *"},
+                                             "queue": "reports", "payload": {"n": 2}})
+        assert status == 201, tick
+
+        wait_until(lambda: any(t.job_id == "once" for t in seen) and
+                   sum(t.job_id == "tick" for t in seen) >= 3, 20, "the one-off and three cron runs")
+    finally:
+        worker.stop()
+        thread.join(15)
+
+    once_task = next(t for t in seen if t.job_id == "once")
+    assert once_task.payload == {"n": 1} and once_task.attempt == 1
+    assert once_task.idempotency_key == f"once:{once['next_fire_time']}"
+    assert once_task.scheduled_time >= at.replace(microsecond=at.microsecond) - timedelta(milliseconds=1)
+
+    status, runs = node.get("/v1/jobs/once/runs")
+    assert status == 200
+    assert [(r["state"], r["attempt"]) for r in runs["runs"]] == [("succeeded", 1)]
+    assert runs["runs"][0]["result"] == {"handled": once_task.idempotency_key}
+    assert node.get("/v1/jobs/once")[1]["state"] == "completed"
+
+    status, cron_runs = node.get("/v1/jobs/tick/runs")
+    succeeded = [r for r in cron_runs["runs"] if r["state"] == "succeeded"]
+    assert len(succeeded) >= 3
+    times = [r["scheduled_time"] for r in cron_runs["runs"]]
+    assert len(times) == len(set(times)), "one run per occurrence"
+    assert all(t.endswith("Z") and "." not in t for t in times), "cron fires on whole seconds"
+
+    status, cancelled = http("DELETE", node.url + "/v1/jobs/tick")
+    assert status == 200 and cancelled["state"] == "cancelled" and cancelled["next_fire_time"] is None
+
+
+def test_bad_input_is_a_clear_400_and_changes_nothing(make_cluster) -> None:
+    node = make_cluster(1).nodes[0]
+    cases = [
+        ({"schedule": {"cron": "61 * * * *"}}, "invalid_job"),
+        ({"schedule": {"at": "2026-01-01T00:00:00"}}, "invalid_job"),
+        ({"schedule": {"every": "5 parsecs"}}, "invalid_job"),
+        ({"schedule": {"cron": "* * * * *", "timezone": "Mars/Olympus"}}, "invalid_job"),
+        ({"schedule": {"every": "1s"}, "max_attempts": 0}, "invalid_job"),
+        ({"schedule": {"every": "1s"}, "colour": "red"}, "invalid_job"),
+        ({"schedule": {"every": "1s"}, "job_id": "has space"}, "invalid_job"),
+    ]
+    for body, code in cases:
+        status, err = node.post("/v1/jobs", body)
+        assert status == 400 and err["error"]["code"] == code, (body, err)
+        assert err["error"]["message"]
+    status, err = node.post("/v1/jobs", {"schedule": {"every": "1s"}, "payload": "x" * 70_000})
+    assert status == 413 and err["error"]["code"] == "too_large"
+    status, err = node.post("/v1/tasks/poll", {"worker_id": "w", "queues": ["q"], "max_tasks": 1000})
+    assert status == 400 and "lease_batch_max" in err["error"]["message"]
+    status, err = node.post("/v1/tasks/poll", {"worker_id": "w", "queues": ["q"], "wait_s": 999})
+    assert status == 400 and "long_poll_s_max" in err["error"]["message"]
+    assert node.get("/v1/jobs")[1]["jobs"] == []
+    assert node.get("/v1/jobs/nope")[0] == 404
+    assert node.get("/v1/runs/0-1-0")[0] == 404
+
+
+def test_stale_fence_is_409_and_expired_lease_is_redelivered(make_cluster, monkeypatch) -> None:
+    node = make_cluster(1).nodes[0]
+    at = _iso(datetime.now(timezone.utc))
+    assert node.post("/v1/jobs", {"job_id": "j", "schedule": {"at": at}, "queue": "q"})[0] == 201
+    status, body = node.post("/v1/tasks/poll", {"worker_id": "w1", "queues": ["q"], "wait_s": 5})
+    assert status == 200 and len(body["tasks"]) == 1
+    task = body["tasks"][0]
+    status, err = node.post(f"/v1/tasks/{task['run_id']}/ack", {"worker_id": "w1", "fence": task["fence"] + 1})
+    assert status == 409 and err["error"]["code"] == "stale_fence"
+    status, err = node.post(f"/v1/tasks/{task['run_id']}/ack", {"worker_id": "w2", "fence": task["fence"]})
+    assert status == 409
+    status, hb = node.post(f"/v1/tasks/{task['run_id']}/heartbeat", {"worker_id": "w1", "fence": task["fence"]})
+    assert status == 200 and hb["lease_until"] >= task["lease_until"]
+    status, nacked = node.post(f"/v1/tasks/{task['run_id']}/nack",
+                               {"worker_id": "w1", "fence": task["fence"], "error": "disk full"})
+    assert status == 200 and nacked["run"]["state"] == "retry_wait" and nacked["run"]["error"] == "disk full"
+    start = time.monotonic()
+    status, body = node.post("/v1/tasks/poll", {"worker_id": "w1", "queues": ["q"], "wait_s": 5})
+    assert status == 200 and len(body["tasks"]) == 1, body
+    retry = body["tasks"][0]
+    assert time.monotonic() - start > 0.5, "the retry waited out its backoff"
+    assert retry["attempt"] == 2 and retry["fence"] > task["fence"]
+    assert retry["idempotency_key"] == task["idempotency_key"]
+    status, acked = node.post("/v1/tasks/ack", {"worker_id": "w1", "acks": [
+        {"run_id": retry["run_id"], "fence": retry["fence"], "result": 42},
+        {"run_id": retry["run_id"], "fence": task["fence"]}]})
+    assert status == 200
+    assert acked["results"][0]["ok"] is True and acked["results"][1]["ok"] is False
+    run = node.get(f"/v1/runs/{retry['run_id']}")[1]
+    assert run["state"] == "succeeded" and run["result"] == 42 and run["attempt"] == 2
