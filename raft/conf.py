@@ -38,6 +38,8 @@ class RaftConfig:
         if self.leader_fallback_s <= self.election_timeout_s_max:
             raise ValueError("leader_fallback_s must exceed election_timeout_s_max so a healthy "
                              "leader is not demoted before its followers would elect another")
+        if self.compaction_entries_min < 10:
+            raise ValueError("compaction_entries_min must be at least 10")
         if not 1 <= self.groups <= 64:
             raise ValueError("groups must be 1..64")
         for addr in (self.self_addr, *self.peers):

@@ -3,6 +3,7 @@ or `schedulerd dev-cluster` to start three local nodes for trying it out."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
@@ -33,6 +34,13 @@ def _addr(text: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 async def serve(config: NodeConfig) -> None:
     loop = asyncio.get_running_loop()
     node = Node(config, Clock())
@@ -59,26 +67,34 @@ async def serve(config: NodeConfig) -> None:
 @click.group(invoke_without_command=True)
 @click.option("--data-dir", default="./schedulerd-data", show_default=True, help="Journal, snapshots and LMDB.")
 @click.option("--http", "http_addr", default="127.0.0.1:8080", show_default=True, help="HTTP API HOST:PORT.")
-@click.option("--raft", "raft_addr", default=None, help="Raft HOST:PORT [default: HTTP host, port + 1000].")
+@click.option("--raft", "raft_addr", default=None,
+              help="Raft HOST:PORT [default: 127.0.0.1, HTTP port + 1000; Raft is never exposed by default].")
 @click.option("--peers", default="", help="The other nodes' --raft addresses, comma-separated.")
 @click.option("--groups", default=1, show_default=True, help="Raft groups per node (each uses raft port + g).")
 @click.option("--lease-s", default=30.0, show_default=True, help="Lease length per delivery, seconds.")
+@click.option("--compaction-entries", default=RaftConfig.compaction_entries_min, show_default=True,
+              help="Snapshot LMDB and compact the Raft log after this many entries.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None, peers: str, groups: int,
-        lease_s: float, log_level: str) -> None:
+        lease_s: float, compaction_entries: int, log_level: str) -> None:
     """Run a schedulerd node. With no flags: a single-node cluster on 127.0.0.1:8080."""
     if ctx.invoked_subcommand is not None:
         return
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     host, port = _addr(http_addr, "--http")
-    raft_addr = raft_addr or f"{host}:{port + RAFT_PORT_OFFSET}"
-    _addr(raft_addr, "--raft")
+    # Raft is pickle on the wire (pysyncobj): loopback unless the operator names an address.
+    raft_addr = raft_addr or f"127.0.0.1:{port + RAFT_PORT_OFFSET}"
+    raft_host, _ = _addr(raft_addr, "--raft")
+    if not _is_loopback(raft_host):
+        log.warning("raft_exposed addr=%s: Raft traffic is unauthenticated pickle; keep this port on a "
+                    "private network that only the cluster's nodes can reach", raft_addr)
     peer_list = tuple(p.strip() for p in peers.split(",") if p.strip())
     for p in peer_list:
         _addr(p, "--peers entry")
-    config = NodeConfig(raft=RaftConfig(self_addr=raft_addr, peers=peer_list, data_dir=data_dir, groups=groups),
+    config = NodeConfig(raft=RaftConfig(self_addr=raft_addr, peers=peer_list, data_dir=data_dir, groups=groups,
+                                        compaction_entries_min=compaction_entries),
                         http_host=host, http_port=port, lease_s=lease_s)
     try:
         config.validate()

@@ -24,7 +24,8 @@ from urllib.parse import quote
 import aiohttp
 
 from schedulerd import timefmt
-from schedulerd.errors import Conflict, SchedulerError, StaleFence, Unavailable, from_wire
+from schedulerd.errors import (Conflict, InvalidRequest, SchedulerError, StaleFence, TooLarge,
+                               Unavailable, from_wire)
 
 log = logging.getLogger("schedulerd.worker")
 
@@ -327,6 +328,11 @@ class Worker:
                 self._lose(lease)
             return
         except SchedulerError as exc:
+            if verb == "ack" and isinstance(exc, (InvalidRequest, TooLarge)):
+                # The result itself was refused (say, over result_bytes_max): nack, so the run
+                # retries and dead-letters with the reason instead of timing out in silence.
+                await self._finish(lease, "nack", _clip(f"ResultRejected: {exc.message}", ERROR_BYTES_MAX))
+                return
             log.error("task_%s_failed run_id=%s error=%s", verb, task.run_id, _describe(exc))
             return
         if not settled:
@@ -464,10 +470,14 @@ def _describe(exc: BaseException | None) -> str:
 def _error_text(exc: BaseException) -> str:
     """`ExcType: message` plus the innermost frames, at most ERROR_BYTES_MAX bytes.
     Cuts are by bytes; errors="ignore" drops a character a cut split in two."""
-    head = f"{type(exc).__name__}: {exc}".encode()[:_ERROR_HEAD_BYTES_MAX].decode(errors="ignore")
+    head = _clip(f"{type(exc).__name__}: {exc}", _ERROR_HEAD_BYTES_MAX)
     frames = "".join(traceback.format_tb(exc.__traceback__)[-_TRACEBACK_FRAMES_MAX:])
     if not frames:
         return head
     lead = f"{head}\nTraceback (innermost last):\n"
     budget = ERROR_BYTES_MAX - len(lead.encode())  # > 0: the head is capped well below
     return lead + frames.encode()[-budget:].decode(errors="ignore")
+
+
+def _clip(text: str, bytes_max: int) -> str:
+    return text.encode()[:bytes_max].decode(errors="ignore")

@@ -3,6 +3,7 @@ recurring job come due. Nothing accepted is lost, no occurrence gets two runs,
 and after the killed node comes back all three stores are byte-identical."""
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections import Counter
@@ -96,3 +97,35 @@ def _quiet(client: Client) -> bool:
             if run["state"] in ("queued", "running", "retry_wait"):
                 return False
     return True
+
+
+def test_write_to_a_follower_is_readable_there_at_once(make_cluster) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.leader()
+    for follower in [n for n in cluster.nodes if n is not leader]:
+        job_id = f"via-{follower.name}"
+        status, job = follower.post("/v1/jobs", {"job_id": job_id, "schedule": {"every": "1h"}})
+        assert status == 201, job
+        status, read = follower.get(f"/v1/jobs/{job_id}")
+        assert status == 200 and read["job_id"] == job_id and read["state"] == "scheduled"
+
+
+def test_an_isolated_leader_steps_down_and_refuses_writes(make_cluster) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.leader()
+    followers = [n for n in cluster.nodes if n is not leader]
+    for f in followers:
+        f.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        wait_until(lambda: not leader.group0()["is_leader"], 5, "the cut-off leader to step down")
+        stepped_down_s = time.monotonic() - started
+        assert stepped_down_s < 3.0, f"leader believed it led for {stepped_down_s:.1f}s without a quorum"
+        status, err = leader.post("/v1/jobs", {"schedule": {"every": "1h"}})
+        assert status == 503 and err["error"]["code"] in ("unavailable", "outcome_unknown")
+    finally:
+        for f in followers:
+            f.proc.send_signal(signal.SIGCONT)
+    cluster.leader()
+    for node in cluster.nodes:
+        cluster.wait_ready(node)

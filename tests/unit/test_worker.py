@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import signal
 import socket
@@ -47,6 +48,7 @@ class FakeCluster:
     def __init__(self, lease_s: float = 30.0) -> None:
         self.lease_s = lease_s
         self.any_queue = False  # deliver tasks of queues the poll did not ask for
+        self.result_bytes_max = 16 * 1024
         self.lock = threading.Lock()
         self.queued: list[dict[str, Any]] = []
         self.leased: dict[str, dict[str, Any]] = {}
@@ -191,6 +193,9 @@ class FakeNode:
         run_id = request.match_info["run_id"]
         kind = request.path.rsplit("/", 1)[1]
         body["run_id"] = run_id
+        if kind == "ack" and len(json.dumps(body.get("result"))) > self.cluster.result_bytes_max:
+            return self.reply(kind, body, 413, {"error": {"code": "too_large",
+                                                          "message": "result_bytes_max is exceeded"}})
         if not self.cluster.finish(run_id, body["worker_id"], body["fence"]):
             return self.reply(kind, body, 409, {"error": stale(run_id)})
         state = "succeeded" if kind == "ack" else "retry_wait"
@@ -379,6 +384,23 @@ def test_dead_server_does_not_stop_the_worker(net, caplog):
 
     assert sorted(b["result"] for b in cluster.bodies("ack")) == list(range(6))
     assert f"poll_failed server={dead}" in caplog.text
+
+
+def test_result_the_server_refuses_is_nacked_with_the_reason(net):
+    cluster = FakeCluster()
+    cluster.result_bytes_max = 50
+    node = net.node(cluster)
+    worker = Worker([node.url], wait_s=1.0)
+    worker.handler("work")(lambda task: "x" * 100)
+
+    run_id = cluster.add("work")
+    net.run(worker)
+    wait_until(lambda: worker.stats.nacked == 1, what="the fallback nack")
+
+    assert [b["run_id"] for b in cluster.bodies("ack", status=413)] == [run_id]
+    [nack] = cluster.bodies("nack")
+    assert nack["error"].startswith("ResultRejected: ") and "result_bytes_max" in nack["error"]
+    assert worker.stats.acked == 0
 
 
 def test_rejected_poll_is_logged_as_error_and_retried(net, caplog):
