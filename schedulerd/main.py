@@ -110,6 +110,8 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
 def dev_cluster(nodes: int, base_port: int, data_dir: str) -> None:
     """Start NODES local nodes in one command (Ctrl-C stops them all)."""
     raft = [f"127.0.0.1:{base_port + RAFT_PORT_OFFSET + 100 * i}" for i in range(nodes)]
+    # SIGTERM must stop the children too, not orphan them: turn it into the Ctrl-C path.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     procs = []
     for i in range(nodes):
         args = [sys.executable, "-m", "schedulerd.main", "--data-dir", os.path.join(data_dir, f"node-{i}"),

@@ -1,0 +1,90 @@
+"""What a user types: `schedctl` and `schedulerd dev-cluster` as subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.harness import ROOT, free_ports, http, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def schedctl(server: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.main", "--server", server, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_schedctl_against_a_real_node(make_cluster) -> None:
+    cluster = make_cluster(1)
+    dead = f"http://127.0.0.1:{free_ports(1)[0]}"
+    server = f"{dead},{cluster.urls[0]}"  # the first server is down: schedctl fails over
+
+    out = schedctl(server, "create", "--id", "nightly", "--cron", "0 2 * * *", "--tz", "Europe/Berlin",
+                   "--queue", "backups", "--payload", '{"db": "main"}')
+    assert out.returncode == 0, out.stderr
+    assert "nightly" in out.stdout and "scheduled" in out.stdout
+
+    out = schedctl(server, "--json", "get", "nightly")
+    job = json.loads(out.stdout)
+    assert job["schedule"] == {"cron": "0 2 * * *", "timezone": "Europe/Berlin"}
+    assert job["next_fire_time"].endswith(("T01:00:00Z", "T00:00:00Z"))  # 02:00 Berlin in winter or summer
+
+    for i in range(3):
+        assert schedctl(server, "create", "--every", "1h", "--id", f"hourly-{i}").returncode == 0
+    out = schedctl(server, "list")
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["JOB_ID", "STATE", "QUEUE"] and len(lines) == 5
+
+    page = json.loads(schedctl(server, "--json", "list", "--limit", "2").stdout)
+    assert len(page["jobs"]) == 2 and page["next_cursor"]
+    every = json.loads(schedctl(server, "--json", "list", "--all", "--limit", "2").stdout)
+    assert sorted(j["job_id"] for j in every["jobs"]) == ["hourly-0", "hourly-1", "hourly-2", "nightly"]
+
+    out = schedctl(server, "cancel", "nightly")
+    assert out.returncode == 0 and "cancelled" in out.stdout
+    assert "RUN_ID" in schedctl(server, "runs", "nightly").stdout
+    assert "GROUP" in schedctl(server, "cluster").stdout
+
+    out = schedctl(server, "get", "nope")
+    assert out.returncode == 1 and out.stderr.strip().startswith("error: not_found:")
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = schedctl(server, "create", "--cron", "99 * * * *")
+    assert out.returncode == 1 and out.stderr.startswith("error: invalid_job:")
+    out = schedctl(dead, "list")
+    assert out.returncode == 1 and "error: unavailable:" in out.stderr
+
+
+def test_dev_cluster_starts_three_nodes_and_stops_them(tmp_path) -> None:
+    base = free_ports(1)[0]
+    if base + 1200 + 3 > 65535:
+        pytest.skip("no room for the dev-cluster port layout above this free port")
+    proc = subprocess.Popen([sys.executable, "-m", "schedulerd.main", "dev-cluster", "--nodes", "3",
+                             "--base-port", str(base), "--data-dir", str(tmp_path / "dev")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        urls = [f"http://127.0.0.1:{base + i}" for i in range(3)]
+        for url in urls:
+            wait_until(lambda: http("GET", url + "/readyz", timeout_s=2)[0] == 200, 40, f"{url} ready")
+        status, job = http("POST", urls[1] + "/v1/jobs", {"job_id": "x", "schedule": {"every": "1h"}})
+        assert status == 201
+        wait_until(lambda: http("GET", urls[2] + "/v1/jobs/x")[0] == 200, 10, "the job on node 2")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    for i in range(3):
+        assert os.path.exists(tmp_path / "dev" / f"node-{i}" / "group-0.lmdb")
+    wait_until(lambda: all(_refused(f"http://127.0.0.1:{base + i}/healthz") for i in range(3)), 10,
+               "every dev-cluster node to stop")
+
+
+def _refused(url: str) -> bool:
+    try:
+        http("GET", url, timeout_s=1)
+    except OSError:
+        return True
+    return False
