@@ -58,9 +58,11 @@ class Settings:
     in_flight: int
     batch_jobs: int
     data_root: str
+    workload_names: tuple[str, ...] = ("a", "b", "c")
 
     def workloads(self) -> list[tuple[str, int, int]]:
-        return [("a", 1, 1), ("b", self.in_flight, 1), ("c", 1, self.batch_jobs)]
+        every = {"a": (1, 1), "b": (self.in_flight, 1), "c": (1, self.batch_jobs)}
+        return [(name, *every[name]) for name in self.workload_names]
 
     def cluster_s_estimate(self) -> float:
         return STARTUP_S_ESTIMATE + len(self.workloads()) * (self.warmup_s + self.duration_s + 1.0)
@@ -72,6 +74,8 @@ class Settings:
             raise BenchError(f"--warmup-s must be 0..{WARMUP_S_MAX}")
         if not 1 <= self.rounds <= ROUNDS_MAX:
             raise BenchError(f"--rounds must be 1..{ROUNDS_MAX}")
+        if not self.workload_names or not set(self.workload_names) <= {"a", "b", "c"}:
+            raise BenchError("--workloads must be a comma list of a, b, c")
         if not self.variants or not set(self.variants) <= set(VARIANTS):
             raise BenchError(f"--variants must be a comma list of {', '.join(VARIANTS)}")
         if not 1 <= self.in_flight <= IN_FLIGHT_MAX or not 1 <= self.batch_jobs <= BATCH_JOBS_MAX:
@@ -148,16 +152,38 @@ def run_cluster(variant: str, round_no: int, settings: Settings) -> dict[str, An
         started = time.monotonic()
         leader = _wait_for_leader(nodes)
         startup_s = time.monotonic() - started
-        params = {"workloads": settings.workloads(), "duration_s": settings.duration_s,
-                  "warmup_s": settings.warmup_s, "tag": f"{variant}-r{round_no}"}
-        run_timeout_s = settings.cluster_s_estimate() + 3 * raft_node.PROPOSE_TIMEOUT_S + 30
-        workloads = _rpc(nodes[leader][1], nodes[leader][0], ("run", params), run_timeout_s)
-        node_fsync = [_rpc(conn, proc, ("stop",), STOP_S_MAX)["journal_fsync"] for proc, conn in nodes]
+        workloads = [_run_workload(nodes, leader, w, variant, round_no, settings) for w in settings.workloads()]
+        node_totals = [_rpc(conn, proc, ("stop",), STOP_S_MAX) for proc, conn in nodes]
         return {"variant": variant, "round": round_no, "leader": leader, "startup_s": startup_s,
-                "workloads": workloads, "node_fsync_total": node_fsync}
+                "workloads": workloads, "node_totals": node_totals}
     finally:
         _stop(nodes)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _run_workload(nodes: list[tuple[BaseProcess, Connection]], leader: int, workload: tuple[str, int, int],
+                  variant: str, round_no: int, settings: Settings) -> dict[str, Any]:
+    """One workload on the leader, with every node's counters before and after it
+    (so the per-node deltas include the warm-up)."""
+    params = {"workload": workload, "duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
+              "tag": f"{variant}-r{round_no}"}
+    before = [_rpc(conn, proc, ("counters",), STOP_S_MAX) for proc, conn in nodes]
+    started = time.monotonic()
+    timeout_s = settings.warmup_s + settings.duration_s + raft_node.PROPOSE_TIMEOUT_S + 30
+    result = _rpc(nodes[leader][1], nodes[leader][0], ("run", params), timeout_s)
+    elapsed_s = time.monotonic() - started
+    after = [_rpc(conn, proc, ("counters",), STOP_S_MAX) for proc, conn in nodes]
+    result["elapsed_s"] = elapsed_s
+    result["nodes"] = [_delta(b, a) for b, a in zip(before, after)]
+    return result
+
+
+def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    f0, f1 = before["journal_fsync"], after["journal_fsync"]
+    fsync = None if f1 is None else {"count": f1["count"] - f0["count"],
+                                     "time_s_total": f1["time_s_total"] - f0["time_s_total"]}
+    trunc = {k: after["truncations"][k] - before["truncations"][k] for k in after["truncations"]}
+    return {"fsync": fsync, "truncations": trunc}
 
 
 def _stop(nodes: list[tuple[BaseProcess, Connection]]) -> None:
@@ -206,6 +232,8 @@ def report(results: list[dict[str, Any]], settings: Settings) -> str:
     rows = [head]
     names = {"in_flight": settings.in_flight, "batch_jobs": settings.batch_jobs}
     for workload, label, key, unit in METRICS:
+        if workload not in settings.workload_names:
+            continue
         row = [label.format(**names), unit]
         values = {v: [w[key] for w in _by(results, v, workload)] for v in settings.variants}
         row += [" / ".join(_fmt(x) for x in values[v]) for v in settings.variants]
@@ -237,6 +265,23 @@ def _fsync_report(results: list[dict[str, Any]], settings: Settings) -> list[str
                 errors = f"LEADER CHANGED {errors}"
             lines.append(f"{r['variant']:<15} {r['round']:>3} {w['workload']:>2} {cols[0]:>9} {cols[1]:>8} "
                          f"{cols[2]:>8} {cols[3]:>10} {w['leader_cpu']:>5.0%} {errors}")
+    lines += ["", "every node, per workload including its warm-up (L = leader): journal fdatasyncs/s, "
+                  "and the log-suffix truncations pysyncobj made (calls / entries dropped)"]
+    for r in results:
+        for w in r["workloads"]:
+            cells = []
+            for i, n in enumerate(w["nodes"]):
+                f, t = n["fsync"], n["truncations"]
+                sync = f"{f['count'] / w['elapsed_s']:,.0f} fsync/s" if f is not None else "no fsync"
+                cells.append(f"n{i}{'L' if i == r['leader'] else ' '} {sync:>13}, trunc {t['calls']}/{t['entries']}")
+            lines.append(f"{r['variant']:<15} {r['round']:>3} {w['workload']:>2}  " + " | ".join(cells))
+    warnings: dict[str, int] = {}
+    for r in results:
+        for n in r["node_totals"]:
+            for key, count in n["pysyncobj_warnings"].items():
+                warnings[key] = warnings.get(key, 0) + count
+    lines += ["", "pysyncobj warnings, all runs and nodes:"]
+    lines += [f"  {count:>6} x {key}" for key, count in sorted(warnings.items())] or ["  none"]
     return lines
 
 
@@ -250,10 +295,11 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, str | None]:
     p.add_argument("--batch-jobs", type=int, default=100, help="jobs per command in workload (c)")
     p.add_argument("--data-root", default=tempfile.gettempdir(),
                    help="where the nodes' temp data dirs go (must be a real disk, not tmpfs)")
+    p.add_argument("--workloads", default="a,b,c", help="comma list of a, b, c (see above)")
     p.add_argument("--json", help="also write the raw results here")
     a = p.parse_args(argv)
     settings = Settings(a.duration_s, a.warmup_s, a.rounds, tuple(v for v in a.variants.split(",") if v),
-                        a.in_flight, a.batch_jobs, a.data_root)
+                        a.in_flight, a.batch_jobs, a.data_root, tuple(w for w in a.workloads.split(",") if w))
     return settings, a.json
 
 

@@ -2,8 +2,11 @@
 
 The parent talks to each node over a multiprocessing Pipe:
     ("status",)        -> {"leader", "ready", "has_quorum", "journal"}
-    ("run", params)    -> one result dict per workload (leader only)
-    ("stop",)          -> {"journal_fsync": SyncStats as dict or None}, then exit
+    ("counters",)      -> {"journal_fsync": {count, time_s_total, time_s_max} or None,
+                           "truncations": {calls, entries}, "pysyncobj_warnings"}
+                          (totals since start-up)
+    ("run", params)    -> the result of one workload (leader only)
+    ("stop",)          -> the counters, then exit
 A node exits by itself after `lifetime_s` or when the parent goes away.
 
 Variants (what the journal under the Raft log is):
@@ -18,6 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import sys
 import time
 from multiprocessing.connection import Connection
 from typing import Any, Iterator
@@ -76,24 +80,78 @@ def node_main(variant: str, addrs: list[str], index: int, data_dir: str, conn: C
     conf = RaftConfig(self_addr=addrs[index], peers=tuple(a for a in addrs if a != addrs[index]),
                       data_dir=data_dir)
     conf.validate()
+    warnings = _WarningCounter()
+    pysyncobj_log = logging.getLogger("pysyncobj")
+    pysyncobj_log.addHandler(warnings)
+    pysyncobj_log.propagate = False
     group = Group(0, conf)
     if type(group.journal) is not expected:
         group.destroy()
         raise RuntimeError(f"variant {variant}: journal is {type(group.journal).__name__}, "
                            f"expected {expected.__name__}")
+    node = _Node(group, _count_truncations(group.journal), warnings)
     deadline = time.monotonic() + lifetime_s
     try:
-        _serve(group, conn, deadline)
+        _serve(node, conn, deadline)
     finally:
-        stats = getattr(group.journal, "stats", None)
         group.destroy()
         try:
-            conn.send({"journal_fsync": dataclasses.asdict(stats) if stats is not None else None})
+            conn.send(node.counters())
         except (OSError, ValueError):
             pass  # the parent is gone
 
 
-def _serve(group: Group, conn: Connection, deadline: float) -> None:
+@dataclasses.dataclass
+class _Node:
+    group: Group
+    truncations: dict[str, int]
+    warnings: "_WarningCounter"
+
+    def counters(self) -> dict[str, Any]:
+        """Totals since start-up (fsync: DurableJournal only)."""
+        stats = getattr(self.group.journal, "stats", None)
+        return {"journal_fsync": _total(_retired_stats + [stats]) if stats is not None else None,
+                "truncations": dict(self.truncations), "pysyncobj_warnings": dict(self.warnings.counts)}
+
+
+def _total(parts: list[journal.SyncStats]) -> dict[str, float]:
+    return {"count": sum(p.count for p in parts), "time_s_total": sum(p.time_s_total for p in parts),
+            "time_s_max": max(p.time_s_max for p in parts)}
+
+
+class _WarningCounter(logging.Handler):
+    """Counts pysyncobj's warnings by message template; prints only the first of each."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = f"{record.levelname} {record.msg}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if self.counts[key] == 1:
+            print(f"{record.name} {record.levelname} {record.getMessage()} (first of its kind; counted)",
+                  file=sys.stderr, flush=True)
+
+
+def _count_truncations(log_journal: Any) -> dict[str, int]:
+    """Wrap this journal's deleteEntriesFrom (pysyncobj calls it through the instance)
+    to count calls that dropped entries, and the entries dropped."""
+    counts = {"calls": 0, "entries": 0}
+    delete = log_journal.deleteEntriesFrom
+
+    def counting(entry_from: int) -> None:
+        before = len(log_journal)
+        delete(entry_from)
+        if len(log_journal) < before:
+            counts["calls"] += 1
+            counts["entries"] += before - len(log_journal)
+
+    log_journal.deleteEntriesFrom = counting
+    return counts
+
+
+def _serve(node: _Node, conn: Connection, deadline: float) -> None:
     while time.monotonic() < deadline:
         if not conn.poll(POLL_S):
             continue
@@ -102,9 +160,11 @@ def _serve(group: Group, conn: Connection, deadline: float) -> None:
         except EOFError:
             return
         if message[0] == "status":
-            conn.send(_status(group))
+            conn.send(_status(node.group))
+        elif message[0] == "counters":
+            conn.send(node.counters())
         elif message[0] == "run":
-            conn.send(asyncio.run(run_workloads(group, message[1])))
+            conn.send(asyncio.run(run_workload(node.group, message[1])))
         elif message[0] == "stop":
             return
         else:
@@ -136,12 +196,10 @@ def _create_blob(ids: Iterator[str], jobs: int) -> bytes:
     return ops.encode(Op.CREATE_JOBS, {"now": now_us, "jobs": specs})
 
 
-async def run_workloads(group: Group, params: dict[str, Any]) -> list[dict[str, Any]]:
-    results = []
-    for name, callers, jobs in params["workloads"]:
-        ids = _job_ids(f"{params['tag']}-{name}")
-        results.append(await _measure(group, name, callers, jobs, ids, params))
-    return results
+async def run_workload(group: Group, params: dict[str, Any]) -> dict[str, Any]:
+    name, callers, jobs = params["workload"]
+    ids = _job_ids(f"{params['tag']}-{name}")
+    return await _measure(group, name, callers, jobs, ids, params)
 
 
 async def _measure(group: Group, name: str, callers: int, jobs: int, ids: Iterator[str],
@@ -183,8 +241,12 @@ async def _measure(group: Group, name: str, callers: int, jobs: int, ids: Iterat
     return _summary(name, callers, jobs, params["duration_s"], completed[0], latencies, errors, window)
 
 
+_retired_stats: list[journal.SyncStats] = []  # replaced at each window start, summed at stop
+
+
 def _open_window(group: Group, window: dict[str, Any]) -> None:
     if isinstance(group.journal, journal.DurableJournal):
+        _retired_stats.append(group.journal.stats)
         group.journal.stats = journal.SyncStats()  # the tick thread records into the new object
     window["cpu_s"] = time.process_time()
     window["leader_at_start"] = group.is_leader()

@@ -463,8 +463,8 @@ def _seconds_until(when: datetime) -> float:
     return (when - datetime.now(timezone.utc)).total_seconds()
 
 
-def _describe(exc: BaseException | None) -> str:
-    return f"{type(exc).__name__}: {exc}" if exc is not None else "none"
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _error_text(exc: BaseException) -> str:
