@@ -21,6 +21,9 @@ class NodeConfig:
     # Claim occurrences this far ahead of their time, so the run is already in the
     # ready queue (available at its scheduled time) when it comes due.
     lookahead_s: float = 1.0
+    # An occurrence claimed more than this after its time was missed (no leader, cluster
+    # down): its job's misfire_policy decides. Below it, a late occurrence just runs late.
+    misfire_grace_s: float = 5.0
     # How long a request waits for its entry to commit before answering 503.
     propose_timeout_s: float = 5.0
 
@@ -29,6 +32,8 @@ class NodeConfig:
         self.limits.validate()
         if not 1.0 <= self.lease_s <= 3600:
             raise ValueError("lease_s must be within 1..3600 seconds")
+        if not self.lookahead_s < self.misfire_grace_s <= 3600:
+            raise ValueError("misfire_grace_s must exceed lookahead_s (and be at most 3600 s)")
         if not 0.01 <= self.scan_interval_s <= 5:
             raise ValueError("scan_interval_s must be within 0.01..5 seconds")
         if not 0 <= self.lookahead_s <= 60:

@@ -3,6 +3,7 @@ applies. Bad input raises InvalidJob/TooLarge naming the field and what is
 allowed; nothing is proposed until the whole job is valid."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -12,16 +13,27 @@ from schedulerd.errors import InvalidJob, TooLarge
 from schedulerd.limits import Limits
 from schedulerd.timefmt import from_iso
 from storage import cron
+from storage.model import MisfirePolicy, OverlapPolicy
 
 ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_US = {"ms": 1_000, "s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
-EVERY_US_MIN = 1_000_000
-EVERY_US_MAX = 366 * 86_400_000_000
-ATTEMPTS_MAX = 100
-PRIORITY_MAX = 9
-FIELDS = {"job_id", "schedule", "queue", "payload", "max_attempts", "priority"}
+US = 1_000_000
+EVERY_US_MIN = US
+EVERY_US_MAX = 366 * 86_400 * US
+IDEMPOTENCY_KEY_CHARS_MAX = 256
+
+# Storage form of every optional field, with its default.
+JOB_DEFAULTS: dict[str, Any] = {
+    "queue": "default", "payload_json": "null", "max_attempts": 3, "priority": 0,
+    "misfire_policy": MisfirePolicy.FIRE_ONCE.value, "catchup_limit": 100, "starting_deadline_us": None,
+    "overlap_policy": OverlapPolicy.ALLOW.value, "backoff": {"base_ms": 1000, "factor": 2.0, "max_ms": 300_000},
+    "timeout_us": None, "jitter_us": 0, "history_limit": 100,
+}
+OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "misfire_policy", "catchup_limit",
+                 "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit"}
+CREATE_FIELDS = OPTION_FIELDS | {"job_id", "idempotency_key"}
 
 
 def parse_duration_us(text: Any) -> int:
@@ -65,36 +77,94 @@ def parse_schedule(raw: Any, now_us: int) -> dict[str, Any]:
         raise InvalidJob(f"schedule: {exc}") from None
 
 
-def parse_job(raw: Any, now_us: int, limits: Limits) -> dict[str, Any]:
+def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None = None) -> dict[str, Any]:
     """A user's job JSON -> the storage spec (job_id, schedule, queue, payload_json, ...)."""
     if not isinstance(raw, dict):
         raise InvalidJob("a job must be a JSON object")
-    _only(raw, FIELDS, "job")
+    _only(raw, CREATE_FIELDS, "job")
+    if "schedule" not in raw:
+        raise InvalidJob("schedule is required")
     job_id = raw.get("job_id") or uuid.uuid4().hex
     if not isinstance(job_id, str) or not ID_RE.match(job_id):
         raise InvalidJob("job_id must be 1-128 characters of A-Z a-z 0-9 _ . -")
-    queue = raw.get("queue", "default")
-    if not isinstance(queue, str) or not QUEUE_RE.match(queue):
-        raise InvalidJob("queue must be 1-64 characters of A-Z a-z 0-9 _ . -")
-    payload_json = json.dumps(raw.get("payload"), separators=(",", ":"))
-    if len(payload_json.encode()) > limits.payload_bytes_max:
-        raise TooLarge(f"payload is {len(payload_json.encode())} bytes encoded; "
+    spec = dict(JOB_DEFAULTS, job_id=job_id, **parse_options(raw, now_us, limits))
+    key = idempotency_key if idempotency_key is not None else raw.get("idempotency_key")
+    if key is not None:
+        if not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_CHARS_MAX:
+            raise InvalidJob(f"idempotency key must be 1..{IDEMPOTENCY_KEY_CHARS_MAX} characters")
+        body = {k: v for k, v in raw.items() if k != "idempotency_key"}
+        spec["idempotency_key"] = key
+        spec["request_hash"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return spec
+
+
+def parse_options(raw: dict[str, Any], now_us: int, limits: Limits) -> dict[str, Any]:
+    """The storage form of each option present in raw (create fills the rest from JOB_DEFAULTS)."""
+    out: dict[str, Any] = {}
+    if "schedule" in raw:
+        out["schedule"] = parse_schedule(raw["schedule"], now_us)
+        out["schedule_spec"] = raw["schedule"]
+    if "queue" in raw:
+        if not isinstance(raw["queue"], str) or not QUEUE_RE.match(raw["queue"]):
+            raise InvalidJob("queue must be 1-64 characters of A-Z a-z 0-9 _ . -")
+        out["queue"] = raw["queue"]
+    if "payload" in raw:
+        out["payload_json"] = _payload_json(raw["payload"], limits)
+    ints = {"max_attempts": (1, 100), "priority": (0, 9), "catchup_limit": (1, 1000), "history_limit": (1, 10_000)}
+    for name, (low, high) in ints.items():
+        if name in raw:
+            out[name] = _int_in(raw[name], name, low, high)
+    for name, allowed in (("misfire_policy", MisfirePolicy), ("overlap_policy", OverlapPolicy)):
+        if name in raw:
+            if raw[name] not in {p.value for p in allowed}:
+                raise InvalidJob(f"{name} must be one of {', '.join(p.value for p in allowed)}")
+            out[name] = raw[name]
+    seconds = {"starting_deadline_s": ("starting_deadline_us", 1, 604_800, True),
+               "timeout_s": ("timeout_us", 1, 86_400, True), "jitter_s": ("jitter_us", 0, 86_400, False)}
+    for name, (field, low, high, nullable) in seconds.items():
+        if name in raw:
+            if raw[name] is None and nullable:
+                out[field] = None
+                continue
+            out[field] = int(_number_in(raw[name], name, low, high) * US)
+    if "backoff" in raw:
+        out["backoff"] = _backoff(raw["backoff"])
+    return out
+
+
+def _backoff(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise InvalidJob("backoff must be an object {base_ms, factor, max_ms}")
+    _only(raw, {"base_ms", "factor", "max_ms"}, "backoff")
+    b = dict(JOB_DEFAULTS["backoff"])
+    if "base_ms" in raw:
+        b["base_ms"] = _int_in(raw["base_ms"], "backoff.base_ms", 1, 3_600_000)
+    if "factor" in raw:
+        b["factor"] = float(_number_in(raw["factor"], "backoff.factor", 1, 10))
+    if "max_ms" in raw:
+        b["max_ms"] = _int_in(raw["max_ms"], "backoff.max_ms", 1, 86_400_000)
+    if b["max_ms"] < b["base_ms"]:
+        raise InvalidJob(f"backoff.max_ms ({b['max_ms']}) must be at least backoff.base_ms ({b['base_ms']})")
+    return b
+
+
+def _payload_json(payload: Any, limits: Limits) -> str:
+    encoded = json.dumps(payload, separators=(",", ":"))
+    if len(encoded.encode()) > limits.payload_bytes_max:
+        raise TooLarge(f"payload is {len(encoded.encode())} bytes encoded; "
                        f"payload_bytes_max is {limits.payload_bytes_max}")
-    return {
-        "job_id": job_id,
-        "schedule": parse_schedule(raw.get("schedule"), now_us),
-        "schedule_spec": raw.get("schedule"),
-        "queue": queue,
-        "payload_json": payload_json,
-        "max_attempts": _int_in(raw, "max_attempts", 3, 1, ATTEMPTS_MAX),
-        "priority": _int_in(raw, "priority", 0, 0, PRIORITY_MAX),
-    }
+    return encoded
 
 
-def _int_in(raw: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
-    value = raw.get(name, default)
+def _int_in(value: Any, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidJob(f"{name} must be an integer from {low} to {high}")
+    return value
+
+
+def _number_in(value: Any, name: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise InvalidJob(f"{name} must be a number from {low} to {high}")
     return value
 
 

@@ -22,7 +22,7 @@ log = logging.getLogger("schedulerd.leader")
 class LeaderLoops:
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.stats = {"claimed": 0, "claims_stale": 0, "expired": 0, "dead_letter": 0, "scan_errors": 0}
+        self.stats = {"claimed": 0, "skipped": 0, "claims_stale": 0, "expired": 0, "dead_letter": 0, "scan_errors": 0}
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -58,9 +58,11 @@ class LeaderLoops:
             return False
         due.sort(key=lambda item: item[1])
         batch = due[: limits.claim_batch_max]
-        result = await self.node.propose(group, Op.CLAIM_BATCH,
-                                         {"now": now, "claims": [[job_id, fire] for job_id, fire in batch]})
+        result = await self.node.propose(group, Op.CLAIM_BATCH, {
+            "now": now, "grace_us": int(cfg.misfire_grace_s * 1_000_000),
+            "claims": [[job_id, fire] for job_id, fire in batch]})
         self.stats["claimed"] += len(result["runs"])
+        self.stats["skipped"] += result["skipped"]
         self.stats["claims_stale"] += result["stale"]
         log.debug("claim_batch group=%d claimed=%d stale=%d", group.group_id, len(result["runs"]), result["stale"])
         return len(due) > len(batch)

@@ -1,7 +1,7 @@
 """HTTP routes for jobs and runs."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
@@ -20,11 +20,65 @@ def routes(node: Node) -> list[web.RouteDef]:
 
     async def create(request: web.Request) -> web.Response:
         now = node.clock.now_us()
-        spec = jobspec.parse_job(await req.body(request), now, limits)
-        results = await _create(node, [spec], now)
-        if not results[0]["ok"]:
-            raise from_wire(results[0]["code"], results[0]["message"])
-        return web.json_response(_job_view(node, spec["job_id"]), status=201)
+        spec = jobspec.parse_job(await req.body(request), now, limits, request.headers.get("Idempotency-Key"))
+        (result,) = await _create(node, [spec], now)
+        if not result["ok"]:
+            raise from_wire(result["code"], result["message"])
+        return web.json_response(_job_view(node, result["job_id"]), status=200 if result.get("existing") else 201)
+
+    async def update(request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        raw = await req.body(request)
+        unknown = sorted(raw.keys() - jobspec.OPTION_FIELDS)
+        if unknown:
+            raise InvalidRequest(f"cannot update {', '.join(unknown)}; updatable: "
+                                 f"{', '.join(sorted(jobspec.OPTION_FIELDS))}")
+        if not raw:
+            raise InvalidRequest("nothing to update: send at least one field")
+        changes = jobspec.parse_options(raw, node.clock.now_us(), limits)
+        await _job_command(node, Op.UPDATE_JOB, job_id, {"changes": changes})
+        return web.json_response(_job_view(node, job_id))
+
+    def lifecycle(op: Op) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            job_id = request.match_info["job_id"]
+            result = await _job_command(node, op, job_id, {})
+            if op == Op.TRIGGER_JOB:
+                return web.json_response({"run": views.run(result["run"])}, status=201)
+            return web.json_response(_job_view(node, job_id))
+        return handle
+
+    async def dead_letter_list(request: web.Request) -> web.Response:
+        limit = req.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
+                              limit_name="page_size_max")
+        after = _dead_letter_cursor(request.query.get("cursor"))
+        runs: list[dict[str, Any]] = []
+        stops: list[tuple[int, str]] = []
+        for group in node.groups:
+            with node.read(group) as (txn, tables):
+                page, stop = queries.dead_letters(txn, tables, queue=request.query.get("queue"), limit=limit,
+                                                  after=after, scan_max=limits.list_scan_max)
+            runs.extend(page)
+            if stop is not None:
+                stops.append(stop)
+        runs.sort(key=lambda r: (r["finished_us"], r["run_id"]))
+        if len(runs) > limit:
+            stops.append((runs[limit - 1]["finished_us"], runs[limit - 1]["run_id"]))
+        stop = min(stops) if stops else None
+        if stop is not None:
+            runs = [r for r in runs if (r["finished_us"], r["run_id"]) <= stop]
+        return web.json_response({"runs": [views.run(r) for r in runs],
+                                  "next_cursor": f"{stop[0]}:{stop[1]}" if stop else None})
+
+    async def redrive(request: web.Request) -> web.Response:
+        run_id = request.match_info["run_id"]
+        group = node.group_of_run(run_id)
+        if group is None:
+            raise NotFound(f"no run {run_id!r}")
+        result = await node.propose(group, Op.REDRIVE_RUN, {"run_id": run_id})
+        if not result["ok"]:
+            raise from_wire(result["code"], result["message"])
+        return web.json_response({"run": views.run(result["run"])})
 
     async def create_batch(request: web.Request) -> web.Response:
         now = node.clock.now_us()
@@ -65,9 +119,7 @@ def routes(node: Node) -> list[web.RouteDef]:
 
     async def cancel(request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
-        result = await node.propose(node.group_of_job(job_id), Op.CANCEL_JOB, {"job_id": job_id})
-        if not result["ok"]:
-            raise from_wire(result["code"], result["message"])
+        await _job_command(node, Op.CANCEL_JOB, job_id, {})
         return web.json_response(_job_view(node, job_id))
 
     async def job_runs(request: web.Request) -> web.Response:
@@ -103,6 +155,12 @@ def routes(node: Node) -> list[web.RouteDef]:
         web.get("/v1/jobs", list_jobs),
         web.get("/v1/jobs/{job_id}", get),
         web.delete("/v1/jobs/{job_id}", cancel),
+        web.patch("/v1/jobs/{job_id}", update),
+        web.post("/v1/jobs/{job_id}/pause", lifecycle(Op.PAUSE_JOB)),
+        web.post("/v1/jobs/{job_id}/resume", lifecycle(Op.RESUME_JOB)),
+        web.post("/v1/jobs/{job_id}/trigger", lifecycle(Op.TRIGGER_JOB)),
+        web.get("/v1/dead-letter", dead_letter_list),
+        web.post("/v1/runs/{run_id}/retry", redrive),
         web.get("/v1/jobs/{job_id}/runs", job_runs),
         web.get("/v1/runs/{run_id}", get_run),
     ]
@@ -110,14 +168,32 @@ def routes(node: Node) -> list[web.RouteDef]:
 
 async def _create(node: Node, specs: list[dict[str, Any]], now: int) -> list[dict[str, Any]]:
     """Propose creates, one entry per group; results in the order of specs."""
-    by_group: dict[int, list[dict[str, Any]]] = {}
-    for spec in specs:
-        by_group.setdefault(node.group_of_job(spec["job_id"]).group_id, []).append(spec)
-    found: dict[str, dict[str, Any]] = {}
-    for group_id, group_specs in by_group.items():
-        result = await node.propose(node.groups[group_id], Op.CREATE_JOBS, {"now": now, "jobs": group_specs})
-        found.update({r["job_id"]: r for r in result["results"]})
-    return [found[s["job_id"]] for s in specs]
+    by_group: dict[int, list[int]] = {}
+    for position, spec in enumerate(specs):
+        by_group.setdefault(node.group_of_job(spec["job_id"]).group_id, []).append(position)
+    out: list[dict[str, Any]] = [{}] * len(specs)
+    for group_id, positions in by_group.items():
+        result = await node.propose(node.groups[group_id], Op.CREATE_JOBS,
+                                    {"now": now, "jobs": [specs[p] for p in positions]})
+        for position, r in zip(positions, result["results"]):
+            out[position] = r
+    return out
+
+
+async def _job_command(node: Node, op: Op, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    result = await node.propose(node.group_of_job(job_id), op, {"job_id": job_id, **payload})
+    if not result["ok"]:
+        raise from_wire(result["code"], result["message"])
+    return result
+
+
+def _dead_letter_cursor(raw: str | None) -> tuple[int, str] | None:
+    if raw is None:
+        return None
+    head, sep, run_id = raw.partition(":")
+    if not sep or not head.isdigit() or not run_id:
+        raise InvalidRequest("cursor must be a value returned as next_cursor")
+    return int(head), run_id
 
 
 def _job_view(node: Node, job_id: str) -> dict[str, Any]:

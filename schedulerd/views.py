@@ -7,6 +7,14 @@ from typing import Any
 
 from schedulerd.timefmt import to_iso
 
+US = 1_000_000
+
+
+def _seconds(us: int | None) -> float | int | None:
+    if us is None:
+        return None
+    return us // US if us % US == 0 else us / US
+
 
 def job(rec: dict[str, Any]) -> dict[str, Any]:
     return {
@@ -17,6 +25,15 @@ def job(rec: dict[str, Any]) -> dict[str, Any]:
         "payload": json.loads(rec["payload_json"]),
         "max_attempts": rec["max_attempts"],
         "priority": rec["priority"],
+        "misfire_policy": rec["misfire_policy"],
+        "catchup_limit": rec["catchup_limit"],
+        "starting_deadline_s": _seconds(rec["starting_deadline_us"]),
+        "overlap_policy": rec["overlap_policy"],
+        "backoff": rec["backoff"],
+        "timeout_s": _seconds(rec["timeout_us"]),
+        "jitter_s": _seconds(rec["jitter_us"]),
+        "history_limit": rec["history_limit"],
+        "idempotency_key": rec.get("idempotency_key"),
         "next_fire_time": to_iso(rec["next_fire_us"]),
         "created_at": to_iso(rec["created_us"]),
         "updated_at": to_iso(rec["updated_us"]),
@@ -40,6 +57,10 @@ def run(rec: dict[str, Any]) -> dict[str, Any]:
         "finished_at": to_iso(rec["finished_us"]),
         "result": json.loads(rec["result_json"]) if rec["result_json"] is not None else None,
         "error": rec["error"],
+        "reason": rec.get("reason"),
+        "trigger": rec.get("trigger", False),
+        **({"skipped_count": rec["skipped_count"], "skipped_until": to_iso(rec["skipped_until_us"])}
+           if "skipped_until_us" in rec else {}),
     }
 
 

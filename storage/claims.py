@@ -1,47 +1,150 @@
-"""Applying a claim batch: due occurrences become runs, exactly once.
+"""Applying a claim batch: due occurrences become runs, exactly once, and the
+occurrences that will not run become `skipped` runs that say why.
 
 A claim names (job_id, fire_us) as the proposer saw it. It succeeds only if
-the job is still scheduled with that very next_fire_us (compare-and-set) and
-the occurrence has no run yet, so a second claim of the same occurrence, from
-a stale leader or a retried proposal, changes nothing."""
+the job is still scheduled with that very next_fire_us (compare-and-set), so
+a second claim of the same occurrence, from a stale leader or a retried
+proposal, changes nothing.
+
+An occurrence more than `grace_us` in the past at claim time was missed (the
+group had no leader, or the cluster was down): the job's misfire_policy
+decides what runs, over at most catchup_limit of the newest missed
+occurrences; older ones get one summary record."""
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
-from storage import cron, records
-from storage.model import JobEvent, JobState, RunState, job_transition
-from storage.records import Ctx
+from storage import catchup, cron, records
+from storage.model import (JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason, RunState,
+                           job_transition)
+from storage.records import Ctx, Record
+
+DEFAULT_GRACE_US = 5_000_000
+BACKFILL_SPACING_US = 100_000  # missed runs of one job are released this far apart
+BACKFILL_SPREAD_US = 1_000_000  # and each job's first one within this window after now
 
 
 def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    now = cmd["now"]
-    run_ids: list[str] = []
-    stale = 0
-    for position, (job_id, fire_us) in enumerate(cmd["claims"]):
+    now, grace = cmd["now"], cmd.get("grace_us", DEFAULT_GRACE_US)
+    queued: list[str] = []
+    stale = skipped = 0
+    for job_id, fire_us in cmd["claims"]:
         job = records.get_job(ctx, job_id)
-        if (job is None or job["state"] != JobState.SCHEDULED or job["next_fire_us"] != fire_us
-                or records.occurrence_taken(ctx, job_id, fire_us)):
+        if job is None or job["state"] != JobState.SCHEDULED or job["next_fire_us"] != fire_us:
             stale += 1
             continue
-        run_id = f"{ctx.group}-{ctx.index}-{position}"
-        records.insert_run(ctx, {
-            "run_id": run_id, "job_id": job_id, "scheduled_us": fire_us,
-            "state": RunState.QUEUED.value, "attempt": 0, "queue": job["queue"],
-            "priority": job["priority"], "max_attempts": job["max_attempts"],
-            "available_us": fire_us, "worker_id": None, "fence": 0, "lease_until_us": None,
-            "created_us": now, "finished_us": None, "result_json": None, "error": None,
-        })
-        _advance(ctx, job, fire_us, now)
-        run_ids.append(run_id)
-    return {"runs": run_ids, "stale": stale}
+        if records.occurrence_taken(ctx, job_id, fire_us):
+            # A manual trigger landed on this exact microsecond: that run stands for
+            # the occurrence; move on rather than leave the job stuck on it.
+            _advance(ctx, job, cron.next_after(job["schedule"], fire_us), fire_us, now)
+            stale += 1
+            continue
+        # Make room before adding: the records this claim makes (a catch-up summary
+        # among them) are always there to read, even past history_limit.
+        records.prune_history(ctx, job_id, job["history_limit"] - 1)
+        cutoff = now - grace
+        made = _claim_on_time(ctx, job, fire_us, now) if fire_us >= cutoff else \
+            _claim_missed(ctx, job, fire_us, now, cutoff)
+        for run in made:
+            if run["state"] == RunState.QUEUED:
+                queued.append(run["run_id"])
+            else:
+                skipped += 1
+    return {"runs": queued, "skipped": skipped, "stale": stale}
 
 
-def _advance(ctx: Ctx, job: dict[str, Any], fire_us: int, now: int) -> None:
-    """Move the job to its next occurrence after this one.
+def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int) -> list[Record]:
+    nxt = cron.next_after(job["schedule"], fire_us)
+    run = occur(ctx, job, fire_us, now, fire_us + _jitter_us(job, fire_us, nxt))
+    _advance(ctx, job, nxt, fire_us, now)
+    return [run]
 
-    Counting from max(fire, now) means a job that fell behind resumes at its
-    next future time instead of replaying every missed tick one by one."""
-    nxt = cron.next_after(job["schedule"], max(fire_us, now))
+
+def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) -> list[Record]:
+    found = catchup.missed(job["schedule"], fire_us, cutoff, job["catchup_limit"])
+    made: list[Record] = []
+    if found.older_first is not None:
+        made.append(_summary(ctx, job, found, now))
+    policy = job["misfire_policy"]
+    to_run = {MisfirePolicy.FIRE_ALL: found.recent, MisfirePolicy.FIRE_ONCE: found.recent[-1:],
+              MisfirePolicy.SKIP: []}[MisfirePolicy(policy)]
+    run_set = set(to_run)
+    release = now + zlib.crc32(job["job_id"].encode()) % BACKFILL_SPREAD_US
+    for t in found.recent:
+        if t in run_set:
+            made.append(occur(ctx, job, t, now, release))
+            release += BACKFILL_SPACING_US
+        else:
+            made.append(_skipped(ctx, job, t, now, Reason.MISFIRE_SKIP))
+    _advance(ctx, job, cron.next_after(job["schedule"], cutoff - 1), fire_us, now)
+    return made
+
+
+def occur(ctx: Ctx, job: Record, scheduled_us: int, now: int, available_us: int,
+          trigger: bool = False) -> Record:
+    """The run of one occurrence: queued, or skipped by the deadline or overlap rules."""
+    deadline = job.get("starting_deadline_us")
+    if deadline is not None and scheduled_us + deadline < now and not trigger:
+        return _skipped(ctx, job, scheduled_us, now, Reason.DEADLINE)
+    if not trigger and _overlap_blocks(ctx, job):
+        return _skipped(ctx, job, scheduled_us, now, Reason.OVERLAP)
+    run = _new_run(ctx, job, scheduled_us, now, RunState.QUEUED, available_us)
+    run["trigger"] = trigger
+    records.insert_run(ctx, run)
+    return run
+
+
+def _overlap_blocks(ctx: Ctx, job: Record) -> bool:
+    policy = OverlapPolicy(job["overlap_policy"])
+    if policy == OverlapPolicy.ALLOW:
+        return False
+    stats = records.job_stats(ctx, job["job_id"])
+    if policy == OverlapPolicy.SKIP:
+        return stats["pending"] + stats["running"] > 0
+    return stats["pending"] > 0
+
+
+def _skipped(ctx: Ctx, job: Record, scheduled_us: int, now: int, reason: Reason) -> Record:
+    run = _new_run(ctx, job, scheduled_us, now, RunState.SKIPPED, scheduled_us)
+    run.update(reason=reason.value, finished_us=now)
+    records.insert_run(ctx, run)
+    return run
+
+
+def _summary(ctx: Ctx, job: Record, found: catchup.Missed, now: int) -> Record:
+    """One record standing for every missed occurrence older than the catchup_limit newest."""
+    run = _new_run(ctx, job, found.older_first, now, RunState.SKIPPED, found.older_first)
+    count = found.older_count
+    run.update(reason=Reason.CATCHUP_LIMIT.value, finished_us=now, skipped_count=count,
+               skipped_until_us=found.older_last,
+               error=(f"{count if count is not None else f'more than {catchup.COUNT_STEPS_MAX}'} missed "
+                      f"occurrences beyond catchup_limit={job['catchup_limit']} were not run"))
+    records.insert_run(ctx, run)
+    return run
+
+
+def _new_run(ctx: Ctx, job: Record, scheduled_us: int, now: int, state: RunState, available_us: int) -> Record:
+    return {
+        "run_id": ctx.new_run_id(), "job_id": job["job_id"], "scheduled_us": scheduled_us,
+        "state": state.value, "attempt": 0, "queue": job["queue"], "priority": job["priority"],
+        "max_attempts": job["max_attempts"], "backoff": job["backoff"], "timeout_us": job["timeout_us"],
+        "available_us": available_us, "worker_id": None, "fence": 0, "lease_until_us": None,
+        "attempt_deadline_us": None, "created_us": now, "finished_us": None, "result_json": None,
+        "error": None, "reason": None, "trigger": False,
+    }
+
+
+def _jitter_us(job: Record, fire_us: int, next_us: int | None) -> int:
+    """Deterministic start offset in [0, jitter_us], kept before the next occurrence."""
+    spread = job["jitter_us"]
+    if spread <= 0:
+        return 0
+    offset = zlib.crc32(f"{job['job_id']}:{fire_us}".encode()) % (spread + 1)
+    return min(offset, next_us - fire_us - 1) if next_us is not None else offset
+
+
+def _advance(ctx: Ctx, job: Record, nxt: int | None, fire_us: int, now: int) -> None:
     job.update(next_fire_us=nxt, updated_us=now)
     if nxt is None:
         job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)

@@ -2,16 +2,50 @@
 
 Schedules are stored normalized (integers in microseconds, the cron text and
 its IANA zone), and fire times are UTC epoch microseconds, so every replica
-computes the same next time from the same inputs."""
+computes the same next time from the same inputs.
+
+Cron and daylight saving time. croniter is used only to match wall-clock
+times (naive, as if the zone had no DST); mapping a wall-clock time to an
+instant is done here, segment by segment of constant UTC offset, because
+croniter alone fires `30 1 * * *` twice on a fall-back night. The rules
+(README "Time zones and DST"):
+
+- named hours (the hour field does not cover all 24 hours) follow the wall
+  clock: a time inside a spring-forward gap fires once, at the end of the
+  gap; a time repeated by a fall-back fires once, at its first occurrence;
+- all-hours expressions (`*/15 * * * *`, `0 * * * *`) follow elapsed time:
+  they fire at every instant whose local wall-clock time matches, so both
+  copies of a repeated hour fire, and a gap has nothing to fire.
+"""
 from __future__ import annotations
 
+import calendar
+import threading
+from bisect import bisect_right
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 US = 1_000_000
+# Offset changes are found by probing the zone every 6 h and bisecting to the
+# second. No zone in tzdata changes its offset twice within 6 h.
+_PROBE_S = 6 * 3600
+# Steps of the segment walk in one next_after. Each step reaches a fire time,
+# an offset change or a year boundary; croniter gives up after 50 years
+# (about 150 steps), so hitting this means a bug, not a rare schedule.
+_STEPS_MAX = 10_000
+_CRON_CACHE_MAX = 4096
+_ZONE_YEARS_CACHE_MAX = 1024
+_ALL_HOURS = frozenset(range(24))
+_HOUR_FIELD = 1  # croniter's `expanded` is [minute, hour, day, month, weekday(, second)]
+
+# A cached croniter is a mutable iterator; Raft apply threads and HTTP handlers
+# may share one, so each set-and-step happens under this lock.
+_CRON_LOCK = threading.Lock()
 
 
 class ScheduleError(ValueError):
@@ -65,24 +99,7 @@ def next_after(schedule: dict[str, Any], after_us: int) -> int | None:
         if after_us < anchor:
             return anchor + every
         return anchor + every * ((after_us - anchor) // every + 1)
-    return _cron_next(schedule, after_us)
-
-
-def _cron_next(schedule: dict[str, Any], after_us: int) -> int | None:
-    tz = zone(schedule["timezone"])
-    start = datetime.fromtimestamp(after_us / US, tz=timezone.utc).astimezone(tz)
-    it = croniter(schedule["cron"], start, second_at_beginning=schedule["seconds"])
-    try:
-        nxt: datetime = it.get_next(datetime)
-    except Exception:
-        # croniter gives up on expressions that never match (e.g. Feb 30): no next time.
-        return None
-    return _to_us(nxt)
-
-
-def _to_us(dt: datetime) -> int:
-    delta = dt.astimezone(timezone.utc) - datetime(1970, 1, 1, tzinfo=timezone.utc)
-    return (delta.days * 86_400 + delta.seconds) * US + delta.microseconds
+    return _cron_next(schedule["cron"], schedule["seconds"], schedule["timezone"], after_us)
 
 
 def preview(schedule: dict[str, Any], after_us: int, n: int) -> list[int]:
@@ -95,3 +112,127 @@ def preview(schedule: dict[str, Any], after_us: int, n: int) -> list[int]:
         out.append(nxt)
         t = nxt
     return out
+
+
+# -- cron in a zone -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Segment:
+    """A stretch of the UTC timeline with one UTC offset."""
+
+    offset_s: int  # local wall clock = UTC + offset_s
+    end_us: int  # first instant with the next offset, or a year boundary when none is known
+    next_offset_s: int  # the offset from end_us on (equal to offset_s at a year boundary)
+    # Instants before this replay wall-clock times the previous segment already
+    # showed (the repeated hour after a fall-back); the segment's start otherwise.
+    repeat_until_us: int
+
+
+def _cron_next(expr: str, seconds: bool, tz: str, after_us: int) -> int | None:
+    """The first fire time of a cron schedule strictly after after_us, by the DST rules
+    in the module docstring. Walks the UTC timeline one constant-offset segment at a time."""
+    named_hours = not _all_hours(expr, seconds)
+    t = after_us  # exclusive lower bound; only grows
+    for _ in range(_STEPS_MAX):
+        seg = _segment(tz, t + 1)
+        # Cron matches fall on whole seconds, so "after t" is "after floor(t)" in seconds.
+        wall_s = _next_wall_s(expr, seconds, t // US + seg.offset_s)
+        if wall_s is None:
+            return None
+        fire_us = (wall_s - seg.offset_s) * US
+        if fire_us >= seg.end_us:
+            end_s = seg.end_us // US
+            if named_hours and seg.next_offset_s > seg.offset_s and wall_s < end_s + seg.next_offset_s:
+                # The named time does not exist (spring forward): run once, when the gap ends.
+                return seg.end_us
+            t = seg.end_us - 1  # go on in the next segment, from its first instant
+            continue
+        if named_hours and fire_us < seg.repeat_until_us:
+            # The second copy of a repeated wall-clock time: named hours ran at the first.
+            t = seg.repeat_until_us - 1
+            continue
+        return fire_us
+    raise RuntimeError(f"cron {expr!r} in {tz}: no answer after {_STEPS_MAX} steps from {after_us}")
+
+
+@lru_cache(maxsize=_CRON_CACHE_MAX)
+def _parsed(expr: str, seconds: bool) -> croniter:
+    # start_time given so croniter does not read the clock (storage/ never does).
+    return croniter(expr, 0.0, ret_type=float, second_at_beginning=seconds)
+
+
+@lru_cache(maxsize=_CRON_CACHE_MAX)
+def _all_hours(expr: str, seconds: bool) -> bool:
+    """True when the hour field covers all 24 hours (`*`, `*/1`, `0-23`, ...)."""
+    hours = _parsed(expr, seconds).expanded[_HOUR_FIELD]
+    return hours == ["*"] or frozenset(hours) == _ALL_HOURS
+
+
+def _next_wall_s(expr: str, seconds: bool, after_wall_s: int) -> int | None:
+    """The first wall-clock time matching expr strictly after after_wall_s.
+
+    Wall-clock times are seconds counted as if the zone were UTC, so croniter
+    does no DST handling of its own."""
+    it = _parsed(expr, seconds)
+    with _CRON_LOCK:
+        try:
+            return int(it.get_next(float, start_time=float(after_wall_s)))
+        except CroniterBadDateError:
+            return None  # never matches within croniter's 50-year search (e.g. Feb 30)
+
+
+def _segment(tz: str, t_us: int) -> _Segment:
+    """The constant-offset segment of zone tz that holds the instant t_us."""
+    year = datetime.fromtimestamp(t_us // US, timezone.utc).year
+    changes = _changes_around(tz, year)
+    index = bisect_right(changes, t_us, key=lambda change: change[0])
+    if index:
+        start_us, before_s, offset_s = changes[index - 1]
+        repeat_until_us = start_us + max(0, before_s - offset_s) * US
+    else:
+        offset_s = _offset_s(zone(tz), t_us // US)
+        repeat_until_us = t_us
+    if index < len(changes):
+        end_us, _, next_offset_s = changes[index]
+    else:
+        # No change known up to the end of year + 1: stop there and look again.
+        end_us, next_offset_s = _year_start_s(year + 2) * US, offset_s
+    return _Segment(offset_s, end_us, next_offset_s, repeat_until_us)
+
+
+@lru_cache(maxsize=_ZONE_YEARS_CACHE_MAX)
+def _changes_around(tz: str, year: int) -> tuple[tuple[int, int, int], ...]:
+    """Offset changes (instant_us, offset_before_s, offset_after_s) after the start
+    of year - 1 and up to the start of year + 2 (UTC)."""
+    return tuple(change for y in (year - 1, year, year + 1) for change in _year_changes(tz, y))
+
+
+@lru_cache(maxsize=_ZONE_YEARS_CACHE_MAX)
+def _year_changes(tz: str, year: int) -> tuple[tuple[int, int, int], ...]:
+    """Offset changes after the start of `year` and up to the start of the next (UTC)."""
+    info = zone(tz)
+    t, end = _year_start_s(year), _year_start_s(year + 1)
+    before = _offset_s(info, t)
+    out: list[tuple[int, int, int]] = []
+    while t < end:
+        probe = min(t + _PROBE_S, end)
+        after = _offset_s(info, probe)
+        if after != before:
+            low, high = t, probe  # offset(low) == before, offset(high) == after
+            while high - low > 1:
+                mid = (low + high) // 2
+                low, high = (mid, high) if _offset_s(info, mid) == before else (low, mid)
+            out.append((high * US, before, after))
+            before = after
+        t = probe
+    return tuple(out)
+
+
+def _offset_s(info: ZoneInfo, t_s: int) -> int:
+    offset = datetime.fromtimestamp(t_s, info).utcoffset()
+    assert offset is not None, "a ZoneInfo always has an offset"
+    return offset.days * 86_400 + offset.seconds
+
+
+def _year_start_s(year: int) -> int:
+    return calendar.timegm((year, 1, 1, 0, 0, 0))

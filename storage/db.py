@@ -16,7 +16,8 @@ import lmdb
 from storage import keys
 
 SCHEMA_VERSION = 1
-DB_NAMES = ("jobs", "due", "runs", "occurrences", "ready", "leases", "meta")
+DB_NAMES = ("jobs", "due", "runs", "occurrences", "ready", "leases", "meta", "job_stats", "dead_letters",
+            "idempotency")
 LAST_APPLIED = b"last_applied"
 SCHEMA = b"schema_version"
 
@@ -30,6 +31,9 @@ class Tables:
     ready: object
     leases: object
     meta: object
+    job_stats: object
+    dead_letters: object
+    idempotency: object
 
 
 class SchemaMismatch(Exception):

@@ -34,6 +34,11 @@ HANDLERS: dict[Op, Handler] = {
     Op.ACK: leases.ack,
     Op.NACK: leases.nack,
     Op.EXPIRE_LEASES: leases.expire_leases,
+    Op.PAUSE_JOB: jobs.pause_job,
+    Op.RESUME_JOB: jobs.resume_job,
+    Op.UPDATE_JOB: jobs.update_job,
+    Op.TRIGGER_JOB: jobs.trigger_job,
+    Op.REDRIVE_RUN: leases.redrive,
 }
 
 ALREADY_APPLIED: dict[str, Any] = {"replayed": True}

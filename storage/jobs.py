@@ -1,30 +1,53 @@
-"""Applying job commands: create and cancel."""
+"""Applying job commands: create, cancel, pause, resume, update, trigger."""
 from __future__ import annotations
 
 from typing import Any
 
-from storage import cron, keys, records
-from storage.model import JobEvent, JobState, RunEvent, RunState, job_transition, run_transition
-from storage.records import Ctx
+import msgpack
+
+from storage import claims, cron, keys, records
+from storage.model import JobEvent, JobState, Reason, RunEvent, RunState, job_transition, run_transition
+from storage.records import Ctx, Record
+
+UPDATABLE = frozenset({"schedule", "schedule_spec", "queue", "payload_json", "max_attempts", "priority",
+                       "misfire_policy", "catchup_limit", "starting_deadline_us", "overlap_policy", "backoff",
+                       "timeout_us", "jitter_us", "history_limit"})
+
+
+def _fail(code: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "code": code, "message": message}
 
 
 def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    """Insert each job that does not exist yet; per-item results, one txn."""
+    """Insert each job that does not exist yet; per-item results, one txn.
+
+    A job with an idempotency key that was seen before returns the job created
+    then (same request body) or a conflict (different body), and changes nothing."""
     now = cmd["now"]
     results = []
     for spec in cmd["jobs"]:
-        job_id = spec["job_id"]
+        job_id, idem = spec["job_id"], spec.get("idempotency_key")
+        if idem is not None:
+            raw = ctx.txn.get(keys.idempotency_key(idem), db=ctx.tables.idempotency)
+            if raw is not None:
+                first_id, first_hash = msgpack.unpackb(raw)
+                results.append({"job_id": first_id, "ok": True, "existing": True} if first_hash == spec["request_hash"]
+                               else {"job_id": job_id, **_fail("conflict", f"idempotency key {idem!r} was used "
+                                                                           "for a different request")})
+                continue
         if records.get_job(ctx, job_id) is not None:
-            results.append({"job_id": job_id, "ok": False, "code": "conflict",
-                            "message": f"job {job_id!r} already exists"})
+            results.append({"job_id": job_id, **_fail("conflict", f"job {job_id!r} already exists")})
             continue
-        job = dict(spec)
+        job = {k: v for k, v in spec.items() if k != "request_hash"}
         job.update(state=JobState.SCHEDULED.value, shard=keys.shard_of(job_id),
                    next_fire_us=cron.first_fire(spec["schedule"], now),
                    created_us=now, updated_us=now, raft_index=ctx.index)
         if job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
         records.put_job(ctx, job, None)
+        if idem is not None:
+            ctx.txn.put(keys.idempotency_key(idem), msgpack.packb([job_id, spec["request_hash"]]),
+                        db=ctx.tables.idempotency)
         results.append({"job_id": job_id, "ok": True})
     return {"results": results}
 
@@ -34,28 +57,101 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     job_id, now = cmd["job_id"], cmd["now"]
     job = records.get_job(ctx, job_id)
     if job is None:
-        return {"ok": False, "code": "not_found", "message": f"no job {job_id!r}"}
+        return _fail("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
         return {"ok": True, "cancelled_runs": 0}
-    if job["state"] == JobState.COMPLETED and not _has_pending_runs(ctx, job_id):
-        return {"ok": False, "code": "conflict", "message": f"job {job_id!r} is completed; nothing to cancel"}
+    pending = _pending_runs(ctx, job_id)
+    if job["state"] == JobState.COMPLETED and not pending:
+        return _fail("conflict", f"job {job_id!r} is completed; nothing to cancel")
     old_fire = job["next_fire_us"]
     job.update(state=job_transition(job["state"], JobEvent.CANCEL), next_fire_us=None, updated_us=now)
     records.put_job(ctx, job, old_fire)
-    cancelled = 0
-    for run_id in records.occurrence_runs(ctx, job_id):
-        run = records.get_run(ctx, run_id)
-        if run is not None and run["state"] in (RunState.QUEUED, RunState.RETRY_WAIT):
-            after = dict(run, state=run_transition(run["state"], RunEvent.CANCEL), finished_us=now,
-                         error="job cancelled")
-            records.update_run(ctx, run, after)
-            cancelled += 1
-    return {"ok": True, "cancelled_runs": cancelled}
+    for run in pending:
+        records.update_run(ctx, run, dict(run, state=run_transition(run["state"], RunEvent.CANCEL),
+                                          finished_us=now, reason=Reason.JOB_CANCELLED.value))
+    return {"ok": True, "cancelled_runs": len(pending)}
 
 
-def _has_pending_runs(ctx: Ctx, job_id: str) -> bool:
-    for run_id in records.occurrence_runs(ctx, job_id):
-        run = records.get_run(ctx, run_id)
-        if run is not None and run["state"] in (RunState.QUEUED, RunState.RETRY_WAIT):
-            return True
-    return False
+def _pending_runs(ctx: Ctx, job_id: str) -> list[Record]:
+    if records.job_stats(ctx, job_id)["pending"] == 0:
+        return []
+    runs = (records.get_run(ctx, run_id) for run_id in records.occurrence_runs(ctx, job_id))
+    return [r for r in runs if r is not None and r["state"] in (RunState.QUEUED, RunState.RETRY_WAIT)]
+
+
+def pause_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    job, err = _live_job(ctx, cmd["job_id"])
+    if err:
+        return err
+    if job["state"] == JobState.SCHEDULED:
+        old_fire = job["next_fire_us"]
+        job.update(state=job_transition(job["state"], JobEvent.PAUSE), next_fire_us=None, updated_us=cmd["now"])
+        records.put_job(ctx, job, old_fire)
+    return {"ok": True}
+
+
+def resume_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Re-arm from now: what fell inside the pause is not caught up (paused = off on purpose)."""
+    job, err = _live_job(ctx, cmd["job_id"])
+    if err:
+        return err
+    if job["state"] == JobState.PAUSED:
+        now = cmd["now"]
+        job.update(state=job_transition(job["state"], JobEvent.RESUME), next_fire_us=_rearm(job["schedule"], now),
+                   updated_us=now)
+        if job["next_fire_us"] is None:
+            job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
+        records.put_job(ctx, job, None)
+    return {"ok": True}
+
+
+def _rearm(schedule: dict[str, Any], now: int) -> int | None:
+    if schedule["kind"] == "at":
+        # A paused one-off never fired (a fired one is completed): it runs late, never silently not.
+        return max(schedule["at_us"], now)
+    return cron.next_after(schedule, now)
+
+
+def _live_job(ctx: Ctx, job_id: str) -> tuple[Record, dict[str, Any] | None]:
+    job = records.get_job(ctx, job_id)
+    if job is None:
+        return {}, _fail("not_found", f"no job {job_id!r}")
+    if job["state"] in (JobState.CANCELLED, JobState.COMPLETED):
+        return job, _fail("conflict", f"job {job_id!r} is {job['state']}")
+    return job, None
+
+
+def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Change a job's definition; runs already claimed keep theirs."""
+    job_id, now, changes = cmd["job_id"], cmd["now"], cmd["changes"]
+    job = records.get_job(ctx, job_id)
+    if job is None:
+        return _fail("not_found", f"no job {job_id!r}")
+    if job["state"] == JobState.CANCELLED:
+        return _fail("conflict", f"job {job_id!r} is cancelled")
+    old_fire = job["next_fire_us"]
+    job.update({k: v for k, v in changes.items() if k in UPDATABLE}, updated_us=now)
+    if "schedule" in changes and job["state"] != JobState.PAUSED:
+        job["next_fire_us"] = cron.first_fire(job["schedule"], now)
+        if job["state"] == JobState.COMPLETED and job["next_fire_us"] is not None:
+            job["state"] = job_transition(job["state"], JobEvent.REARM)
+        elif job["state"] == JobState.SCHEDULED and job["next_fire_us"] is None:
+            job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
+    records.put_job(ctx, job, old_fire)
+    return {"ok": True}
+
+
+def trigger_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """An extra occurrence now, with its own scheduled time and so its own idempotency key."""
+    job_id, now = cmd["job_id"], cmd["now"]
+    job = records.get_job(ctx, job_id)
+    if job is None:
+        return _fail("not_found", f"no job {job_id!r}")
+    if job["state"] == JobState.CANCELLED:
+        return _fail("conflict", f"job {job_id!r} is cancelled")
+    at = now
+    while records.occurrence_taken(ctx, job_id, at):
+        at += 1
+    records.prune_history(ctx, job_id, job["history_limit"] - 1)
+    run = claims.occur(ctx, job, at, now, now, trigger=True)
+    return {"ok": True, "run": run}

@@ -79,3 +79,15 @@ def lease_key(lease_until_us: int, run_id: str) -> bytes:
 
 def split_lease_key(key: bytes) -> tuple[int, str]:
     return _U64.unpack(key[:8])[0], key[8:].decode()
+
+
+def dead_letter_key(finished_us: int, run_id: str) -> bytes:
+    return _U64.pack(finished_us) + run_id.encode()
+
+
+def split_dead_letter_key(key: bytes) -> tuple[int, str]:
+    return _U64.unpack(key[:8])[0], key[8:].decode()
+
+
+def idempotency_key(key: str) -> bytes:
+    return key.encode()

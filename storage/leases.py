@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage import records, retry
-from storage.model import LEASABLE_RUN_STATES, RunEvent, RunState, run_transition
+from storage.model import LEASABLE_RUN_STATES, Reason, RunEvent, RunState, run_transition
 from storage.records import Ctx, Record
 
 
@@ -17,6 +17,7 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     """Grant each worker the runs proposed for it that are still leasable now."""
     now, lease_until = cmd["now"], cmd["lease_until"]
     grants = []
+    skipped = 0
     for worker_id, run_ids in cmd["grants"]:
         tasks = []
         for run_id in run_ids:
@@ -24,12 +25,26 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             if run is None or run["state"] not in LEASABLE_RUN_STATES or run["available_us"] > now:
                 continue
             job = records.get_job(ctx, run["job_id"])
+            deadline = job.get("starting_deadline_us") if job else None
+            if run["attempt"] == 0 and deadline is not None and run["scheduled_us"] + deadline < now \
+                    and not run.get("trigger"):
+                records.update_run(ctx, run, dict(run, state=run_transition(run["state"], RunEvent.MISSED_DEADLINE),
+                                                  reason=Reason.DEADLINE.value, finished_us=now))
+                skipped += 1
+                continue
+            attempt_deadline = now + run["timeout_us"] if run.get("timeout_us") else None
             after = dict(run, state=run_transition(run["state"], RunEvent.LEASE), attempt=run["attempt"] + 1,
-                         worker_id=worker_id, fence=ctx.index, lease_until_us=lease_until)
+                         worker_id=worker_id, fence=ctx.index, attempt_deadline_us=attempt_deadline,
+                         lease_until_us=_capped(lease_until, attempt_deadline))
             records.update_run(ctx, run, after)
             tasks.append(dict(after, payload_json=job["payload_json"] if job else "null"))
         grants.append([worker_id, tasks])
-    return {"grants": grants}
+    return {"grants": grants, "skipped": skipped}
+
+
+def _capped(lease_until: int, attempt_deadline: int | None) -> int:
+    """timeout_s is a hard cap on one attempt: no heartbeat extends a lease past it."""
+    return lease_until if attempt_deadline is None else min(lease_until, attempt_deadline)
 
 
 def _check_lease(run: Record | None, run_id: str, worker_id: str, fence: int, now: int) -> dict[str, Any] | None:
@@ -55,8 +70,9 @@ def heartbeat(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         if rejection:
             results.append(rejection)
             continue
-        records.update_run(ctx, run, dict(run, lease_until_us=max(lease_until, run["lease_until_us"])))
-        results.append({"run_id": run_id, "ok": True, "lease_until_us": max(lease_until, run["lease_until_us"])})
+        extended = max(_capped(lease_until, run.get("attempt_deadline_us")), run["lease_until_us"])
+        records.update_run(ctx, run, dict(run, lease_until_us=extended))
+        results.append({"run_id": run_id, "ok": True, "lease_until_us": extended})
     return {"results": results}
 
 
@@ -82,7 +98,7 @@ def nack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     rejection = _check_lease(run, run_id, cmd["worker_id"], cmd["fence"], now)
     if rejection:
         return rejection
-    after = _fail(ctx, run, now, cmd["error"], RunEvent.NACK_RETRY, RunEvent.NACK_FINAL)
+    after = _fail(ctx, run, now, cmd["error"], RunEvent.NACK_RETRY, RunEvent.NACK_FINAL, None)
     return {"run_id": run_id, "ok": True, "run": after}
 
 
@@ -95,20 +111,41 @@ def expire_leases(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         if (run is None or run["state"] != RunState.RUNNING or run["fence"] != fence
                 or run["lease_until_us"] > now):
             continue
-        error = f"lease expired (worker {run['worker_id']!r}, fence {fence})"
-        after = _fail(ctx, run, now, error, RunEvent.EXPIRE_RETRY, RunEvent.EXPIRE_FINAL)
+        timed_out = run.get("attempt_deadline_us") is not None and now >= run["attempt_deadline_us"]
+        error = (f"attempt exceeded timeout_s (worker {run['worker_id']!r}, fence {fence})" if timed_out
+                 else f"lease expired (worker {run['worker_id']!r}, fence {fence})")
+        after = _fail(ctx, run, now, error, RunEvent.EXPIRE_RETRY, RunEvent.EXPIRE_FINAL,
+                      Reason.TIMEOUT if timed_out else Reason.LEASE_EXPIRED)
         expired += 1
         dead += after["state"] == RunState.DEAD_LETTER
     return {"expired": expired, "dead_letter": dead}
 
 
-def _fail(ctx: Ctx, run: Record, now: int, error: str, retry_event: RunEvent, final_event: RunEvent) -> Record:
+def _fail(ctx: Ctx, run: Record, now: int, error: str, retry_event: RunEvent, final_event: RunEvent,
+          reason: Reason | None) -> Record:
+    """A failed attempt: retry after backoff, or dead-letter after the last attempt."""
     if run["attempt"] < run["max_attempts"]:
         delay = retry.backoff_us(run.get("backoff"), run["job_id"], run["scheduled_us"], run["attempt"])
         after = dict(run, state=run_transition(run["state"], retry_event), available_us=now + delay,
-                     lease_until_us=None, error=error)
+                     lease_until_us=None, error=error, reason=reason.value if reason else None)
     else:
         after = dict(run, state=run_transition(run["state"], final_event), lease_until_us=None,
-                     finished_us=now, error=error)
+                     finished_us=now, error=error, reason=Reason.MAX_ATTEMPTS.value)
     records.update_run(ctx, run, after)
     return after
+
+
+def redrive(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """An operator re-drives a dead letter: queued now, with a fresh round of attempts."""
+    now, run_id = cmd["now"], cmd["run_id"]
+    run = records.get_run(ctx, run_id)
+    if run is None:
+        return {"ok": False, "code": "not_found", "message": f"no run {run_id!r}"}
+    if run["state"] != RunState.DEAD_LETTER:
+        return {"ok": False, "code": "conflict", "message": f"run {run_id!r} is {run['state']}, not dead_letter"}
+    job = records.get_job(ctx, run["job_id"])
+    rounds = job["max_attempts"] if job else run["max_attempts"]
+    after = dict(run, state=run_transition(run["state"], RunEvent.REDRIVE), available_us=now,
+                 max_attempts=run["attempt"] + rounds, finished_us=None, reason=None)
+    records.update_run(ctx, run, after)
+    return {"ok": True, "run": after}

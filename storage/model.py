@@ -31,11 +31,29 @@ class RunEvent(str, Enum):
     EXPIRE_RETRY = "expire_retry"
     EXPIRE_FINAL = "expire_final"
     CANCEL = "cancel"
+    MISSED_DEADLINE = "missed_deadline"
+    REDRIVE = "redrive"
 
 
 class JobEvent(str, Enum):
     LAST_OCCURRENCE = "last_occurrence"
     CANCEL = "cancel"
+    PAUSE = "pause"
+    RESUME = "resume"
+    REARM = "rearm"
+
+
+class Reason(str, Enum):
+    """Why a run did not (or will not again) run: every such run says which."""
+
+    MISFIRE_SKIP = "misfire_skip"
+    CATCHUP_LIMIT = "catchup_limit"
+    DEADLINE = "deadline"
+    OVERLAP = "overlap"
+    JOB_CANCELLED = "job_cancelled"
+    MAX_ATTEMPTS = "max_attempts"
+    TIMEOUT = "timeout"
+    LEASE_EXPIRED = "lease_expired"
 
 
 R, J = RunState, JobState
@@ -53,6 +71,10 @@ RUN_TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
     (R.RUNNING, RunEvent.EXPIRE_FINAL): R.DEAD_LETTER,
     (R.QUEUED, RunEvent.CANCEL): R.CANCELLED,
     (R.RETRY_WAIT, RunEvent.CANCEL): R.CANCELLED,
+    # starting_deadline_s passed before the first attempt could start.
+    (R.QUEUED, RunEvent.MISSED_DEADLINE): R.SKIPPED,
+    # An operator re-drives a dead letter.
+    (R.DEAD_LETTER, RunEvent.REDRIVE): R.QUEUED,
 }
 
 JOB_TRANSITIONS: dict[tuple[JobState, JobEvent], JobState] = {
@@ -62,10 +84,27 @@ JOB_TRANSITIONS: dict[tuple[JobState, JobEvent], JobState] = {
     # A completed one-off job can still have its run queued (claimed ahead of
     # time, or waiting out a retry): cancelling it cancels that run.
     (J.COMPLETED, JobEvent.CANCEL): J.CANCELLED,
+    (J.SCHEDULED, JobEvent.PAUSE): J.PAUSED,
+    (J.PAUSED, JobEvent.RESUME): J.SCHEDULED,
+    # An update gives a completed job a schedule with a future occurrence again.
+    (J.COMPLETED, JobEvent.REARM): J.SCHEDULED,
 }
 
-TERMINAL_RUN_STATES = frozenset({R.SUCCEEDED, R.DEAD_LETTER, R.SKIPPED, R.CANCELLED})
+TERMINAL_RUN_STATES = frozenset({R.SUCCEEDED, R.SKIPPED, R.CANCELLED})
 LEASABLE_RUN_STATES = frozenset({R.QUEUED, R.RETRY_WAIT})
+PENDING_RUN_STATES = LEASABLE_RUN_STATES
+
+
+class MisfirePolicy(str, Enum):
+    FIRE_ALL = "fire_all"
+    FIRE_ONCE = "fire_once"
+    SKIP = "skip"
+
+
+class OverlapPolicy(str, Enum):
+    ALLOW = "allow"
+    SKIP = "skip"
+    BUFFER_ONE = "buffer_one"
 
 
 class IllegalTransition(Exception):

@@ -22,6 +22,11 @@ class Op(IntEnum):
     ACK = 6
     NACK = 7
     EXPIRE_LEASES = 8
+    PAUSE_JOB = 9
+    RESUME_JOB = 10
+    UPDATE_JOB = 11
+    TRIGGER_JOB = 12
+    REDRIVE_RUN = 13
 
 
 class CorruptEntry(Exception):

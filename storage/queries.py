@@ -137,3 +137,25 @@ def expired_leases(txn: lmdb.Transaction, t: Tables, now_us: int, limit: int) ->
 
 def counts(txn: lmdb.Transaction, t: Tables) -> dict[str, Any]:
     return {name: txn.stat(getattr(t, name))["entries"] for name in ("jobs", "due", "runs", "ready", "leases")}
+
+
+def dead_letters(txn: lmdb.Transaction, t: Tables, *, queue: str | None, limit: int, after: tuple[int, str] | None,
+                 scan_max: int) -> tuple[list[Record], tuple[int, str] | None]:
+    """Dead-lettered runs, oldest first, after the cursor (finished_us, run_id)."""
+    out: list[Record] = []
+    scanned = 0
+    with txn.cursor(db=t.dead_letters) as cur:
+        found = cur.set_range(keys.dead_letter_key(*after) + b"\x00") if after else cur.first()
+        if not found:
+            return out, None
+        for key in cur.iternext(keys=True, values=False):
+            scanned += 1
+            position = keys.split_dead_letter_key(key)
+            run = get_run(txn, t, position[1])
+            if run is not None and (queue is None or run["queue"] == queue):
+                out.append(run)
+                if len(out) == limit:
+                    return out, position
+            if scanned >= scan_max:
+                return out, position
+    return out, None

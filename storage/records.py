@@ -13,7 +13,7 @@ import msgpack
 
 from storage import keys
 from storage.db import Tables
-from storage.model import RunState
+from storage.model import PENDING_RUN_STATES, TERMINAL_RUN_STATES, RunState
 
 Record = dict[str, Any]
 
@@ -26,6 +26,13 @@ class Ctx:
     tables: Tables
     group: int
     index: int
+    runs_made: int = 0
+
+    def new_run_id(self) -> str:
+        """`{group}-{raft index}-{n}`: unique, and the same on every replica."""
+        run_id = f"{self.group}-{self.index}-{self.runs_made}"
+        self.runs_made += 1
+        return run_id
 
 
 def pack(record: Record) -> bytes:
@@ -60,6 +67,25 @@ def occurrence_taken(ctx: Ctx, job_id: str, scheduled_us: int) -> bool:
     return ctx.txn.get(keys.occurrence_key(job_id, scheduled_us), db=ctx.tables.occurrences) is not None
 
 
+def job_stats(ctx: Ctx, job_id: str) -> Record:
+    """Counts kept beside each job: runs waiting (queued/retry_wait), running, and stored."""
+    raw = ctx.txn.get(keys.job_key(job_id), db=ctx.tables.job_stats)
+    return unpack(raw) if raw else {"pending": 0, "running": 0, "runs": 0}
+
+
+def _bump(ctx: Ctx, job_id: str, before: Record | None, after: Record | None) -> None:
+    stats = job_stats(ctx, job_id)
+    for rec, sign in ((before, -1), (after, 1)):
+        if rec is None:
+            continue
+        stats["runs"] += sign
+        if rec["state"] in PENDING_RUN_STATES:
+            stats["pending"] += sign
+        elif rec["state"] == RunState.RUNNING:
+            stats["running"] += sign
+    ctx.txn.put(keys.job_key(job_id), pack(stats), db=ctx.tables.job_stats)
+
+
 def insert_run(ctx: Ctx, run: Record) -> None:
     """A new run: the occurrence key makes (job_id, scheduled_time) unique."""
     occ = keys.occurrence_key(run["job_id"], run["scheduled_us"])
@@ -67,34 +93,67 @@ def insert_run(ctx: Ctx, run: Record) -> None:
         raise AssertionError(f"occurrence {run['job_id']}@{run['scheduled_us']} claimed twice")
     ctx.txn.put(keys.run_key(run["run_id"]), pack(run), db=ctx.tables.runs)
     _index_run(ctx, run)
+    _bump(ctx, run["job_id"], None, run)
 
 
 def update_run(ctx: Ctx, before: Record, after: Record) -> None:
-    """Replace a run record; its ready/lease index entries follow its state."""
+    """Replace a run record; its index entries and its job's counts follow its state."""
     _unindex_run(ctx, before)
     ctx.txn.put(keys.run_key(after["run_id"]), pack(after), db=ctx.tables.runs)
     _index_run(ctx, after)
+    if before["state"] != after["state"]:
+        _bump(ctx, after["job_id"], before, after)
+
+
+def delete_run(ctx: Ctx, run: Record) -> None:
+    _unindex_run(ctx, run)
+    ctx.txn.delete(keys.run_key(run["run_id"]), db=ctx.tables.runs)
+    ctx.txn.delete(keys.occurrence_key(run["job_id"], run["scheduled_us"]), db=ctx.tables.occurrences)
+    _bump(ctx, run["job_id"], run, None)
+
+
+PRUNE_SCAN_MAX = 32  # occurrences looked at per prune, so one apply stays bounded
+
+
+def prune_history(ctx: Ctx, job_id: str, limit: int) -> int:
+    """Keep the newest `limit` runs; of the older ones drop the terminal runs.
+
+    Older runs that are dead letters (until re-driven) or still open stay."""
+    older = job_stats(ctx, job_id)["runs"] - limit
+    if older <= 0:
+        return 0
+    dropped = 0
+    for run_id in occurrence_runs(ctx, job_id, min(older, PRUNE_SCAN_MAX)):
+        run = get_run(ctx, run_id)
+        if run is not None and run["state"] in TERMINAL_RUN_STATES:
+            delete_run(ctx, run)
+            dropped += 1
+    return dropped
 
 
 def _index_run(ctx: Ctx, run: Record) -> None:
     state = run["state"]
-    if state in (RunState.QUEUED, RunState.RETRY_WAIT):
+    if state in PENDING_RUN_STATES:
         key = keys.ready_key(run["queue"], run["priority"], run["available_us"], run["run_id"])
         ctx.txn.put(key, b"", db=ctx.tables.ready)
     elif state == RunState.RUNNING:
         ctx.txn.put(keys.lease_key(run["lease_until_us"], run["run_id"]), b"", db=ctx.tables.leases)
+    elif state == RunState.DEAD_LETTER:
+        ctx.txn.put(keys.dead_letter_key(run["finished_us"], run["run_id"]), b"", db=ctx.tables.dead_letters)
 
 
 def _unindex_run(ctx: Ctx, run: Record) -> None:
     state = run["state"]
-    if state in (RunState.QUEUED, RunState.RETRY_WAIT):
+    if state in PENDING_RUN_STATES:
         key = keys.ready_key(run["queue"], run["priority"], run["available_us"], run["run_id"])
         ctx.txn.delete(key, db=ctx.tables.ready)
     elif state == RunState.RUNNING:
         ctx.txn.delete(keys.lease_key(run["lease_until_us"], run["run_id"]), db=ctx.tables.leases)
+    elif state == RunState.DEAD_LETTER:
+        ctx.txn.delete(keys.dead_letter_key(run["finished_us"], run["run_id"]), db=ctx.tables.dead_letters)
 
 
-def occurrence_runs(ctx: Ctx, job_id: str) -> list[str]:
+def occurrence_runs(ctx: Ctx, job_id: str, limit: int | None = None) -> list[str]:
     """Run ids of one job, oldest occurrence first."""
     prefix = keys.occurrence_prefix(job_id)
     out: list[str] = []
@@ -105,4 +164,6 @@ def occurrence_runs(ctx: Ctx, job_id: str) -> list[str]:
             if not key.startswith(prefix):
                 break
             out.append(value.decode())
+            if limit is not None and len(out) >= limit:
+                break
     return out

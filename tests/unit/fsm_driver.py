@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from schedulerd.jobspec import JOB_DEFAULTS
 from storage import fsm, ops, queries
 from storage.db import DB_NAMES, Store
 from storage.ops import Op
@@ -25,8 +26,7 @@ class Driver:
         return result
 
     def create(self, job_id: str, schedule: dict[str, Any], now: int = T0, **fields: Any) -> dict[str, Any]:
-        spec = {"job_id": job_id, "schedule": schedule, "schedule_spec": {}, "queue": "q",
-                "payload_json": "{}", "max_attempts": 3, "priority": 0}
+        spec = dict(JOB_DEFAULTS, job_id=job_id, schedule=schedule, schedule_spec={}, queue="q", payload_json="{}")
         spec.update(fields)
         return self.apply(Op.CREATE_JOBS, now=now, jobs=[spec])["results"][0]
 
@@ -50,11 +50,11 @@ class Driver:
         with self.store.read() as txn:
             return [r for _, r in queries.ready(txn, self.store.tables, list(queues), now, 10_000, set())]
 
-    def claim_due(self, now: int) -> list[str]:
+    def claim_due(self, now: int, grace_us: int = 5 * S) -> list[str]:
         due = self.due(now)
         if not due:
             return []
-        return self.apply(Op.CLAIM_BATCH, now=now, claims=[list(d) for d in due])["runs"]
+        return self.apply(Op.CLAIM_BATCH, now=now, grace_us=grace_us, claims=[list(d) for d in due])["runs"]
 
     def lease(self, now: int, worker: str = "w", run_ids: list[str] | None = None,
               lease_s: int = 30) -> list[dict[str, Any]]:

@@ -1,0 +1,72 @@
+"""Finding the occurrences a job missed: the newest `limit` of them and a
+count of the older ones, without walking a long outage one tick at a time.
+
+Everything goes through cron.next_after, so the occurrences found here are
+exactly the ones the job would have fired (time zones and DST included)."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from storage import cron
+
+S = 1_000_000
+COUNT_STEPS_MAX = 1000  # past this, the count of older missed occurrences is reported as unknown
+WINDOW_STEPS_MAX = 20_000
+
+
+@dataclass(frozen=True)
+class Missed:
+    recent: list[int]  # newest `limit` missed occurrences, oldest first
+    older_first: int | None  # the older ones (not considered): first, last, how many
+    older_last: int | None
+    older_count: int | None  # None: more than COUNT_STEPS_MAX, not counted
+
+
+def missed(schedule: dict[str, Any], fire_us: int, cutoff_us: int, limit: int) -> Missed:
+    """Occurrences in [fire_us, cutoff_us), fire_us being the job's next_fire_us."""
+    nxt = cron.next_after(schedule, fire_us)
+    gap = max(S, (nxt - fire_us) if nxt is not None else S)
+    span = gap * (limit + 1)
+    while True:
+        start = max(fire_us, cutoff_us - span)
+        found, dropped, dropped_count = _scan(schedule, fire_us, start, cutoff_us, limit)
+        if dropped_count > 0 or start == fire_us or span > cutoff_us:
+            break
+        span *= 4
+    if start == fire_us and dropped_count == 0:
+        return Missed(found, None, None, 0)
+    if start == fire_us:
+        return Missed(found, fire_us, dropped, dropped_count)
+    before = _count(schedule, fire_us, start)
+    return Missed(found, fire_us, dropped, None if before is None else before + dropped_count)
+
+
+def _scan(schedule: dict[str, Any], fire_us: int, start: int, cutoff: int,
+          limit: int) -> tuple[list[int], int | None, int]:
+    """The newest `limit` occurrences in [start, cutoff), the newest dropped one, and how many were dropped."""
+    window: deque[int] = deque(maxlen=limit)
+    t = fire_us if start == fire_us else cron.next_after(schedule, start - 1)
+    dropped, dropped_count, steps = None, 0, 0
+    while t is not None and t < cutoff and steps < WINDOW_STEPS_MAX:
+        if len(window) == limit:
+            dropped, dropped_count = window[0], dropped_count + 1
+        window.append(t)
+        t = cron.next_after(schedule, t)
+        steps += 1
+    return list(window), dropped, dropped_count
+
+
+def _count(schedule: dict[str, Any], first_us: int, end_us: int) -> int | None:
+    """Occurrences in [first_us, end_us), first_us being one; None when over COUNT_STEPS_MAX."""
+    if schedule["kind"] == "every":
+        every, anchor = schedule["every_us"], schedule["anchor_us"]
+        return (end_us - 1 - anchor) // every - (first_us - anchor) // every + 1 if end_us > first_us else 0
+    n, t = 0, first_us
+    while t is not None and t < end_us:
+        n += 1
+        if n > COUNT_STEPS_MAX:
+            return None
+        t = cron.next_after(schedule, t)
+    return n

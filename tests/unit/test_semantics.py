@@ -1,0 +1,263 @@
+"""The scheduling rules of issue 3, each decided in apply: misfires, overlap,
+deadlines, retries and timeouts, lifecycle, idempotency, jitter, history."""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from storage.model import JobState, RunState
+from storage.ops import Op
+from tests.unit.fsm_driver import S, T0, Driver
+
+EVERY5 = {"kind": "every", "every_us": 5 * S, "anchor_us": T0}
+
+
+@pytest.fixture
+def d(tmp_path: pathlib.Path) -> Driver:
+    return Driver(str(tmp_path / "db"))
+
+
+def states(d: Driver, job_id: str) -> list[tuple[int, str, str | None]]:
+    return [((r["scheduled_us"] - T0) // S, r["state"], r.get("reason")) for r in d.runs(job_id)]
+
+
+# --- misfires -----------------------------------------------------------------
+
+def test_fire_once_runs_the_latest_missed_and_records_the_rest(d: Driver) -> None:
+    d.create("e", EVERY5)  # default misfire_policy fire_once
+    d.claim_due(T0 + 100 * S)  # cutoff T0+95: occurrences 5..90 were missed
+    got = states(d, "e")
+    assert got[-1] == (90, "queued", None)
+    assert got[:-1] == [(t, "skipped", "misfire_skip") for t in range(5, 90, 5)]
+    assert d.job("e")["next_fire_us"] == T0 + 95 * S
+
+
+def test_fire_all_runs_every_missed_occurrence_smeared(d: Driver) -> None:
+    d.create("e", EVERY5, misfire_policy="fire_all")
+    d.claim_due(T0 + 100 * S)
+    runs = d.runs("e")
+    assert [r["state"] for r in runs] == ["queued"] * 18
+    released = [r["available_us"] for r in runs]
+    assert released == sorted(released) and len(set(released)) == 18
+    assert all(b - a == 100_000 for a, b in zip(released, released[1:]))
+    assert T0 + 100 * S <= released[0] < T0 + 101 * S
+
+
+def test_skip_runs_nothing_missed_but_says_so(d: Driver) -> None:
+    d.create("e", EVERY5, misfire_policy="skip")
+    assert d.claim_due(T0 + 100 * S) == []
+    assert {s for _, s, _ in states(d, "e")} == {"skipped"}
+    assert d.job("e")["next_fire_us"] == T0 + 95 * S
+
+
+def test_catchup_limit_summarises_older_missed_occurrences(d: Driver) -> None:
+    d.create("e", EVERY5, misfire_policy="fire_all", catchup_limit=5)
+    d.claim_due(T0 + 100 * S)
+    runs = d.runs("e")
+    summary = runs[0]
+    assert summary["state"] == RunState.SKIPPED and summary["reason"] == "catchup_limit"
+    assert summary["scheduled_us"] == T0 + 5 * S and summary["skipped_until_us"] == T0 + 65 * S
+    assert summary["skipped_count"] == 13
+    assert [((r["scheduled_us"] - T0) // S, r["state"]) for r in runs[1:]] == \
+        [(t, "queued") for t in (70, 75, 80, 85, 90)]
+
+
+def test_a_long_outage_does_not_flood_history(d: Driver) -> None:
+    d.create("e", {"kind": "cron", "cron": "*/1 * * * * *", "timezone": "UTC", "seconds": True})
+    d.claim_due(T0 + 86_400 * S)  # a day of every-second occurrences missed
+    runs = d.runs("e")
+    assert len(runs) == 101  # one summary + catchup_limit (100) considered
+    assert runs[0]["reason"] == "catchup_limit" and runs[0]["skipped_count"] is None  # too many to count
+    assert [r["state"] for r in runs].count("queued") == 1  # fire_once
+
+
+def test_late_within_grace_just_runs_late(d: Driver) -> None:
+    d.create("e", EVERY5)
+    d.claim_due(T0 + 8 * S)  # the T0+5 occurrence is 3 s late, under the 5 s grace
+    assert states(d, "e") == [(5, "queued", None)]
+    assert d.job("e")["next_fire_us"] == T0 + 10 * S
+
+
+def test_one_off_missed_with_skip_policy_is_skipped(d: Driver) -> None:
+    d.create("a", {"kind": "at", "at_us": T0}, misfire_policy="skip")
+    d.claim_due(T0 + 60 * S)
+    assert states(d, "a") == [(0, "skipped", "misfire_skip")]
+    assert d.job("a")["state"] == JobState.COMPLETED
+
+
+# --- deadlines, overlap ----------------------------------------------------------
+
+def test_starting_deadline_at_claim_and_at_lease(d: Driver) -> None:
+    d.create("a", {"kind": "at", "at_us": T0 + 10 * S}, starting_deadline_us=2 * S)
+    d.claim_due(T0 + 13 * S)  # 3 s late: past the 2 s deadline, under the misfire grace
+    assert states(d, "a") == [(10, "skipped", "deadline")]
+    d.create("b", {"kind": "at", "at_us": T0 + 10 * S}, starting_deadline_us=2 * S)
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["b", T0 + 10 * S]])["runs"]
+    assert d.lease(T0 + 13 * S, run_ids=[run_id]) == []
+    assert d.run(run_id)["state"] == RunState.SKIPPED and d.run(run_id)["reason"] == "deadline"
+
+
+def test_overlap_skip_records_skipped_runs_while_one_is_open(d: Driver) -> None:
+    d.create("e", EVERY5, overlap_policy="skip", max_attempts=1)
+    d.claim_due(T0 + 5 * S)
+    d.claim_due(T0 + 10 * S)
+    assert states(d, "e") == [(5, "queued", None), (10, "skipped", "overlap")]
+    (task,) = d.lease(T0 + 10 * S)
+    d.claim_due(T0 + 15 * S)
+    assert states(d, "e")[-1] == (15, "skipped", "overlap")
+    # A worker that vanished does not block the job forever: its lease expires.
+    d.apply(Op.EXPIRE_LEASES, now=task["lease_until_us"], runs=[[task["run_id"], task["fence"]]])
+    d.claim_due(task["lease_until_us"])
+    assert states(d, "e")[-1][1] == "queued"
+
+
+def test_overlap_buffer_one_keeps_one_pending(d: Driver) -> None:
+    d.create("e", EVERY5, overlap_policy="buffer_one")
+    d.claim_due(T0 + 5 * S)
+    d.lease(T0 + 5 * S)
+    d.claim_due(T0 + 10 * S)
+    d.claim_due(T0 + 15 * S)
+    assert states(d, "e") == [(5, "running", None), (10, "queued", None), (15, "skipped", "overlap")]
+
+
+# --- retries, timeouts, dead letters -------------------------------------------
+
+def test_backoff_comes_from_the_job(d: Driver) -> None:
+    d.create("a", {"kind": "at", "at_us": T0}, backoff={"base_ms": 10_000, "factor": 3.0, "max_ms": 60_000})
+    d.claim_due(T0)
+    (task,) = d.lease(T0)
+    run = d.apply(Op.NACK, now=T0 + S, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="x")["run"]
+    assert T0 + S + 8 * S <= run["available_us"] <= T0 + S + 12 * S
+
+
+def test_timeout_caps_an_attempt_even_with_heartbeats(d: Driver) -> None:
+    d.create("a", {"kind": "at", "at_us": T0}, timeout_us=10 * S)
+    d.claim_due(T0)
+    (task,) = d.lease(T0)
+    assert task["lease_until_us"] == T0 + 10 * S
+    hb = d.apply(Op.HEARTBEAT, now=T0 + 5 * S, worker_id="w", lease_until=T0 + 35 * S,
+                 leases=[[task["run_id"], task["fence"]]])
+    assert hb["results"][0]["lease_until_us"] == T0 + 10 * S
+    d.apply(Op.EXPIRE_LEASES, now=T0 + 10 * S, runs=[[task["run_id"], task["fence"]]])
+    run = d.run(task["run_id"])
+    assert run["state"] == RunState.RETRY_WAIT and run["reason"] == "timeout"
+    late = d.apply(Op.ACK, now=T0 + 11 * S, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    assert late["results"][0]["code"] == "stale_fence"
+
+
+def test_dead_letter_is_listed_and_can_be_redriven(d: Driver) -> None:
+    from storage import queries
+    d.create("a", {"kind": "at", "at_us": T0}, max_attempts=1)
+    d.claim_due(T0)
+    (task,) = d.lease(T0)
+    d.apply(Op.NACK, now=T0 + S, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="bad")
+    with d.store.read() as txn:
+        listed, _ = queries.dead_letters(txn, d.store.tables, queue=None, limit=10, after=None, scan_max=100)
+    assert [r["run_id"] for r in listed] == [task["run_id"]] and listed[0]["reason"] == "max_attempts"
+    res = d.apply(Op.REDRIVE_RUN, now=T0 + 2 * S, run_id=task["run_id"])
+    assert res["ok"] and res["run"]["state"] == RunState.QUEUED and res["run"]["max_attempts"] == 2
+    with d.store.read() as txn:
+        assert queries.dead_letters(txn, d.store.tables, queue=None, limit=10, after=None, scan_max=100)[0] == []
+    (again,) = d.lease(T0 + 2 * S)
+    assert again["attempt"] == 2
+    assert d.apply(Op.REDRIVE_RUN, now=T0 + 3 * S, run_id=task["run_id"])["code"] == "conflict"
+
+
+# --- lifecycle -------------------------------------------------------------------
+
+def test_pause_stops_occurrences_and_resume_rearms_from_now(d: Driver) -> None:
+    d.create("e", EVERY5)
+    assert d.apply(Op.PAUSE_JOB, now=T0 + S, job_id="e")["ok"]
+    assert d.job("e")["state"] == JobState.PAUSED and d.due(T0 + 1000 * S) == []
+    assert d.apply(Op.CLAIM_BATCH, now=T0 + 5 * S, claims=[["e", T0 + 5 * S]])["stale"] == 1
+    assert d.apply(Op.RESUME_JOB, now=T0 + 101 * S, job_id="e")["ok"]
+    job = d.job("e")
+    assert job["state"] == JobState.SCHEDULED and job["next_fire_us"] == T0 + 105 * S
+    assert d.runs("e") == []  # nothing from inside the pause was caught up
+
+
+def test_resumed_one_off_whose_time_passed_fires_at_once(d: Driver) -> None:
+    d.create("a", {"kind": "at", "at_us": T0 + 10 * S})
+    d.apply(Op.PAUSE_JOB, now=T0, job_id="a")
+    d.apply(Op.RESUME_JOB, now=T0 + 60 * S, job_id="a")
+    assert d.job("a")["next_fire_us"] == T0 + 60 * S
+
+
+def test_lifecycle_on_cancelled_and_unknown_jobs(d: Driver) -> None:
+    d.create("e", EVERY5)
+    d.apply(Op.CANCEL_JOB, now=T0, job_id="e")
+    for op in (Op.PAUSE_JOB, Op.RESUME_JOB, Op.TRIGGER_JOB):
+        assert d.apply(op, now=T0, job_id="e")["code"] == "conflict"
+    assert d.apply(Op.UPDATE_JOB, now=T0, job_id="e", changes={"priority": 3})["code"] == "conflict"
+    assert d.apply(Op.PAUSE_JOB, now=T0, job_id="nope")["code"] == "not_found"
+
+
+def test_update_recomputes_next_fire_and_keeps_claimed_runs(d: Driver) -> None:
+    d.create("e", EVERY5)
+    (run_id,) = d.claim_due(T0 + 5 * S)
+    new = {"kind": "every", "every_us": 60 * S, "anchor_us": T0 + 6 * S}
+    assert d.apply(Op.UPDATE_JOB, now=T0 + 6 * S, job_id="e",
+                   changes={"schedule": new, "payload_json": '"v2"'})["ok"]
+    job = d.job("e")
+    assert job["next_fire_us"] == T0 + 66 * S and job["payload_json"] == '"v2"'
+    assert d.run(run_id)["state"] == RunState.QUEUED
+    assert d.due(T0 + 65 * S) == []
+
+
+def test_update_rearms_a_completed_one_off(d: Driver) -> None:
+    d.create("a", {"kind": "at", "at_us": T0})
+    d.claim_due(T0)
+    assert d.job("a")["state"] == JobState.COMPLETED
+    d.apply(Op.UPDATE_JOB, now=T0 + S, job_id="a", changes={"schedule": {"kind": "at", "at_us": T0 + 50 * S}})
+    assert d.job("a")["state"] == JobState.SCHEDULED and d.job("a")["next_fire_us"] == T0 + 50 * S
+
+
+def test_trigger_adds_an_occurrence_with_its_own_key(d: Driver) -> None:
+    d.create("e", EVERY5, overlap_policy="skip")
+    d.claim_due(T0 + 5 * S)
+    first = d.apply(Op.TRIGGER_JOB, now=T0 + 6 * S, job_id="e")["run"]
+    second = d.apply(Op.TRIGGER_JOB, now=T0 + 6 * S, job_id="e")["run"]
+    assert first["state"] == second["state"] == RunState.QUEUED and first["trigger"]
+    assert first["scheduled_us"] == T0 + 6 * S and second["scheduled_us"] == T0 + 6 * S + 1
+    assert d.job("e")["next_fire_us"] == T0 + 10 * S
+
+
+# --- idempotency, jitter, history ---------------------------------------------------
+
+def test_idempotency_key_returns_the_first_job_or_conflicts(d: Driver) -> None:
+    spec = {"idempotency_key": "k1", "request_hash": "h1"}
+    assert d.create("a", EVERY5, **spec) == {"job_id": "a", "ok": True}
+    assert d.create("b", EVERY5, **spec) == {"job_id": "a", "ok": True, "existing": True}
+    assert d.create("c", EVERY5, idempotency_key="k1", request_hash="other")["code"] == "conflict"
+    assert d.job("b") is None and d.job("c") is None
+
+
+def test_jitter_is_deterministic_within_bounds_and_before_the_next_occurrence(d: Driver) -> None:
+    d.create("j", {"kind": "every", "every_us": 60 * S, "anchor_us": T0}, jitter_us=10 * S)
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 59 * S, claims=[["j", T0 + 60 * S]])["runs"]
+    offset = d.run(run_id)["available_us"] - (T0 + 60 * S)
+    assert 0 <= offset <= 10 * S
+    d.create("k", EVERY5, jitter_us=100 * S)
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 4 * S, claims=[["k", T0 + 5 * S]])["runs"]
+    assert 0 <= d.run(run_id)["available_us"] - (T0 + 5 * S) < 5 * S
+    other = Driver(str(d.store.path) + "-replica")
+    other.create("j", {"kind": "every", "every_us": 60 * S, "anchor_us": T0}, jitter_us=10 * S)
+    (run_id2,) = other.apply(Op.CLAIM_BATCH, now=T0 + 59 * S, claims=[["j", T0 + 60 * S]])["runs"]
+    assert other.run(run_id2)["available_us"] - (T0 + 60 * S) == offset
+
+
+def test_history_keeps_the_newest_terminal_runs_and_all_dead_letters(d: Driver) -> None:
+    d.create("e", EVERY5, history_limit=3, max_attempts=1)
+    for k in range(1, 8):
+        now = T0 + 5 * k * S
+        d.claim_due(now)
+        (task,) = d.lease(now)
+        if k == 1:
+            d.apply(Op.NACK, now=now, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="x")
+        else:
+            d.apply(Op.ACK, now=now, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    kept = states(d, "e")
+    assert kept[0] == (5, "dead_letter", "max_attempts")
+    # Older terminal runs are pruned to make room before each new occurrence.
+    assert [t for t, _, _ in kept[1:]] == [25, 30, 35]
