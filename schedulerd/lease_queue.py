@@ -18,6 +18,9 @@ from storage import queries
 from storage.ops import Op
 
 US = 1_000_000
+# Every FAIR_EVERY-th lease round serves the longest-waiting runs whatever their
+# priority, so a flood of priority-9 work cannot starve priority 0 entirely.
+FAIR_EVERY = 10
 
 
 class LeaseQueue:
@@ -26,6 +29,7 @@ class LeaseQueue:
         self.waiters = 0
         self.leased = 0
         self._in_flight: set[str] = set()
+        self._rounds = 0
 
     async def poll(self, worker_id: str, queues: list[str], max_tasks: int, wait_s: float) -> list[dict[str, Any]]:
         limits = self.node.config.limits
@@ -71,8 +75,10 @@ class LeaseQueue:
 
     async def _lease_from(self, group: Group, worker_id: str, queues: list[str], want: int) -> list[dict[str, Any]]:
         now = self.node.clock.now_us()
+        self._rounds += 1
         with self.node.read(group) as (txn, tables):
-            candidates = queries.ready(txn, tables, queues, now, want, self._in_flight)
+            candidates = queries.ready(txn, tables, queues, now, want, self._in_flight,
+                                       oldest_first=self._rounds % FAIR_EVERY == 0)
         if not candidates:
             return []
         run_ids = [run_id for _, run_id in candidates]

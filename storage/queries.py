@@ -82,25 +82,35 @@ def due(txn: lmdb.Transaction, t: Tables, shards: Iterable[int], until_us: int,
 
 
 def ready(txn: lmdb.Transaction, t: Tables, queues: Iterable[str], now_us: int, limit: int,
-          exclude: set[str]) -> list[tuple[str, str]]:
-    """(queue, run_id) leasable now across queues, highest priority first."""
-    out: list[tuple[str, str]] = []
+          exclude: set[str], oldest_first: bool = False) -> list[tuple[str, str]]:
+    """(queue, run_id) leasable now across queues: highest priority first, or with
+    oldest_first the longest-waiting runs whatever their priority."""
+    found: list[tuple[int, str, str]] = []
     with txn.cursor(db=t.ready) as cur:
         for priority in range(keys.PRIORITY_MAX, -1, -1):
             for queue in queues:
-                prefix = keys.ready_prefix(queue, priority)
-                if not cur.set_range(prefix):
-                    continue
-                for key in cur.iternext(keys=True, values=False):
-                    if not key.startswith(prefix):
-                        break
-                    available_us, run_id = keys.split_ready_key(key)
-                    if available_us > now_us:
-                        break
-                    if run_id not in exclude:
-                        out.append((queue, run_id))
-                        if len(out) >= limit:
-                            return out
+                found.extend(_ready_band(cur, queue, priority, now_us, limit, exclude))
+                if not oldest_first and len(found) >= limit:
+                    return [(q, r) for _, q, r in found[:limit]]
+    if oldest_first:
+        found.sort()
+    return [(q, r) for _, q, r in found[:limit]]
+
+
+def _ready_band(cur: lmdb.Cursor, queue: str, priority: int, now_us: int, limit: int,
+                exclude: set[str]) -> list[tuple[int, str, str]]:
+    prefix = keys.ready_prefix(queue, priority)
+    out: list[tuple[int, str, str]] = []
+    if not cur.set_range(prefix):
+        return out
+    for key in cur.iternext(keys=True, values=False):
+        if not key.startswith(prefix):
+            break
+        available_us, run_id = keys.split_ready_key(key)
+        if available_us > now_us or len(out) >= limit:
+            break
+        if run_id not in exclude:
+            out.append((available_us, queue, run_id))
     return out
 
 

@@ -300,3 +300,16 @@ def test_storage_is_pure() -> None:
     hits = [f"{p.name}:{n}: {line.strip()}" for p in root.glob("*.py")
             for n, line in enumerate(p.read_text().splitlines(), 1) if FORBIDDEN.search(line)]
     assert hits == []
+
+
+def test_oldest_first_serves_long_waiting_low_priority_runs(d: Driver) -> None:
+    from storage import queries
+    d.create("low", AT, priority=0)
+    d.claim_due(T0 + 10 * S)
+    d.create("high", {"kind": "at", "at_us": T0 + 20 * S}, priority=9)
+    d.claim_due(T0 + 20 * S)
+    with d.store.read() as txn:
+        by_priority = queries.ready(txn, d.store.tables, ["q"], T0 + 30 * S, 1, set())
+        oldest = queries.ready(txn, d.store.tables, ["q"], T0 + 30 * S, 1, set(), oldest_first=True)
+    assert d.run(by_priority[0][1])["job_id"] == "high"
+    assert d.run(oldest[0][1])["job_id"] == "low"
