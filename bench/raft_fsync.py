@@ -99,6 +99,15 @@ def filesystem_of(path: str) -> tuple[str, str, str]:
     return best
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / hz, sum(fields) / hz
+
+
 def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
@@ -141,6 +150,7 @@ def run_cluster(variant: str, round_no: int, settings: Settings) -> dict[str, An
     data_dir = tempfile.mkdtemp(prefix=f"raft-fsync-{variant}-", dir=settings.data_root)
     lifetime_s = STARTUP_S_MAX + settings.cluster_s_estimate() * 2 + 60
     nodes: list[tuple[BaseProcess, Connection]] = []
+    busy0_s, wall0_s, own0 = machine_cpu_s()[0], time.monotonic(), os.times()
     try:
         for i in range(3):
             parent_end, child_end = ctx.Pipe()
@@ -154,7 +164,11 @@ def run_cluster(variant: str, round_no: int, settings: Settings) -> dict[str, An
         startup_s = time.monotonic() - started
         workloads = [_run_workload(nodes, leader, w, variant, round_no, settings) for w in settings.workloads()]
         node_totals = [_rpc(conn, proc, ("stop",), STOP_S_MAX) for proc, conn in nodes]
-        return {"variant": variant, "round": round_no, "leader": leader, "startup_s": startup_s,
+        _stop(nodes)
+        own1 = os.times()
+        ours_s = sum(n["cpu_s"] for n in node_totals) + own1.user + own1.system - own0.user - own0.system
+        others_cores = (machine_cpu_s()[0] - busy0_s - ours_s) / (time.monotonic() - wall0_s)
+        return {"others_cores": others_cores,"variant": variant, "round": round_no, "leader": leader, "startup_s": startup_s,
                 "workloads": workloads, "node_totals": node_totals}
     finally:
         _stop(nodes)
@@ -243,7 +257,10 @@ def report(results: list[dict[str, Any]], settings: Settings) -> str:
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    lines += ["", "values are round 1 / round 2 / ...; ratios pair runs of the same round", ""]
+    lines += ["", "values are round 1 / round 2 / ...; ratios pair runs of the same round"]
+    lines += ["CPU used by other processes during each cluster run (machine busy CPU minus this bench's "
+              "processes), in cores: " + ", ".join(f"{r['variant']} r{r['round']} {r['others_cores']:.2f}"
+                                                  for r in results), ""]
     lines += _fsync_report(results, settings)
     return "\n".join(lines)
 

@@ -111,7 +111,13 @@ class _Node:
         """Totals since start-up (fsync: DurableJournal only)."""
         stats = getattr(self.group.journal, "stats", None)
         return {"journal_fsync": _total(_retired_stats + [stats]) if stats is not None else None,
-                "truncations": dict(self.truncations), "pysyncobj_warnings": dict(self.warnings.counts)}
+                "truncations": dict(self.truncations), "pysyncobj_warnings": dict(self.warnings.counts),
+                "cpu_s": _own_cpu_s()}
+
+
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def _total(parts: list[journal.SyncStats]) -> dict[str, float]:

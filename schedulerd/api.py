@@ -7,7 +7,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd import routes_jobs, routes_tasks
+from schedulerd import routes_jobs, routes_preview, routes_tasks
 from schedulerd.errors import SchedulerError, Unavailable, status_of
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.node import Node
@@ -63,6 +63,7 @@ def make_app(node: Node, leases: LeaseQueue) -> web.Application:
     app.add_routes([web.get("/v1/cluster", cluster), web.get("/healthz", healthz), web.get("/readyz", readyz)])
     app.add_routes(routes_jobs.routes(node))
     app.add_routes(routes_tasks.routes(node, leases))
+    app.add_routes(routes_preview.routes(node))
     return app
 
 

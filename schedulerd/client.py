@@ -189,14 +189,18 @@ class Client:
         same caller-chosen id in that window is returned as if it were ours.
         When the call gives up after such an ambiguous attempt it raises
         `OutcomeUnknown` naming the job_id to retry with.
+        An `idempotency_key` in `spec` is also sent as the `Idempotency-Key`
+        header (docs/api.md accepts either; the body keeps it too).
         """
         body = dict(spec)
         if not body.get("job_id"):
             body["job_id"] = uuid.uuid4().hex
         job_id = body["job_id"]
+        key = body.get("idempotency_key")
+        headers = {"Idempotency-Key": str(key)} if key is not None else None
         failures: list[Exception] = []
         try:
-            return self._request("POST", "/v1/jobs", body, failures=failures)
+            return self._request("POST", "/v1/jobs", body, failures=failures, headers=headers)
         except Conflict:
             if not _maybe_applied(failures):
                 raise
@@ -244,6 +248,34 @@ class Client:
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         return self._request("DELETE", f"/v1/jobs/{_part(job_id)}")
 
+    def update_job(self, job_id: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """PATCH the fields in `changes` (any subset of a job's fields); returns the job.
+
+        Retried like any call: applying the same changes twice leaves the same job."""
+        return self._request("PATCH", f"/v1/jobs/{_part(job_id)}", dict(changes))
+
+    def pause_job(self, job_id: str) -> dict[str, Any]:
+        """No new occurrences until resumed; returns the job. Idempotent."""
+        return self._request("POST", f"/v1/jobs/{_part(job_id)}/pause", {})
+
+    def resume_job(self, job_id: str) -> dict[str, Any]:
+        """Re-arm a paused job from now; returns the job. Idempotent."""
+        return self._request("POST", f"/v1/jobs/{_part(job_id)}/resume", {})
+
+    def trigger_job(self, job_id: str) -> dict[str, Any]:
+        """Run the job once more, now: `{"run": run}`.
+
+        Not idempotent (each trigger is its own occurrence), so it is retried only
+        while no attempt can have reached a server. After one that may have (cut
+        or timed-out connection, 503 `outcome_unknown`) it raises `OutcomeUnknown`
+        rather than risk a second run."""
+        try:
+            return self._request("POST", f"/v1/jobs/{_part(job_id)}/trigger", {},
+                                 retry_ambiguous=False)
+        except OutcomeUnknown as exc:
+            raise OutcomeUnknown(f"{exc.message}; job {job_id!r} may have been triggered: "
+                                 "look at its runs before triggering again") from exc
+
     def job_runs(
         self, job_id: str, limit: int = 100, cursor: str | None = None
     ) -> dict[str, Any]:
@@ -253,6 +285,40 @@ class Client:
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/runs/{_part(run_id)}")
+
+    def dead_letters(
+        self, queue: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """One page of dead-lettered runs, oldest first: `{"runs": [...], "next_cursor": ...}`."""
+        query = {"queue": queue, "limit": limit, "cursor": cursor}
+        return self._request("GET", "/v1/dead-letter", query=query)
+
+    def retry_run(self, run_id: str) -> dict[str, Any]:
+        """Re-drive a dead letter: `{"run": run}`, queued with a fresh set of attempts.
+
+        If an attempt may have landed and a later one gets 409 `conflict` (the run
+        is no longer a dead letter), the first re-drove it: the run is fetched and
+        returned, as create_job does with its job."""
+        failures: list[Exception] = []
+        try:
+            return self._request("POST", f"/v1/runs/{_part(run_id)}/retry", {},
+                                 failures=failures)
+        except Conflict:
+            if not _maybe_applied(failures):
+                raise
+            return {"run": self.get_run(run_id)}
+
+    def preview(
+        self,
+        cron: str | None = None,
+        timezone: str | None = None,
+        every: str | None = None,
+        n: int = 10,
+    ) -> dict[str, Any]:
+        """The next `n` fire times of a cron (in `timezone`) or every schedule, from
+        the server's now: `{"fire_times": [...]}`. Creates nothing."""
+        query = {"cron": cron, "timezone": timezone, "every": every, "n": n}
+        return self._request("GET", "/v1/preview", query=query)
 
     def cluster(self) -> dict[str, Any]:
         return self._request("GET", "/v1/cluster")
@@ -303,12 +369,16 @@ class Client:
         query: Mapping[str, Any] | None = None,
         wait_s: float = 0,
         failures: list[Exception] | None = None,
+        headers: Mapping[str, str] | None = None,
+        retry_ambiguous: bool = True,
     ) -> Any:
         """Send one request with failover and backoff (see the class docstring).
 
         `wait_s` is how long the server may legitimately hold the request (long
         poll): it extends both the deadline and each attempt's read timeout.
-        Every retried failure is appended to `failures` when given."""
+        Every retried failure is appended to `failures` when given. With
+        `retry_ambiguous` false, a failure after which the request may have been
+        applied raises `OutcomeUnknown` at once instead of being retried."""
         params = {k: v for k, v in (query or {}).items() if v is not None}
         target = f"{path}?{urlencode(params)}" if params else path
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
@@ -323,7 +393,7 @@ class Client:
                 server = self._servers[index]
                 read_s = min(attempt_s, deadline - time.monotonic())
                 try:
-                    response = self._send(server, method, target, data, read_s)
+                    response = self._send(server, method, target, data, read_s, headers)
                 except _TransportError as exc:
                     unreachable[server.url] = exc.reason
                     last = exc
@@ -336,6 +406,8 @@ class Client:
                     retry_after_s = max(retry_after_s, response.retry_after_s)
                 if failures is not None:
                     failures.append(last)
+                if not retry_ambiguous and _maybe_applied([last]):
+                    raise _outcome_unknown(server, last)
                 if time.monotonic() >= deadline:
                     raise _give_up(last, unreachable)
             # Jitter spreads the clients that all lost the same leader at once.
@@ -351,7 +423,8 @@ class Client:
         return [(self._preferred + offset) % count for offset in range(count)]
 
     def _send(
-        self, server: _Server, method: str, target: str, data: bytes | None, read_s: float
+        self, server: _Server, method: str, target: str, data: bytes | None, read_s: float,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> _Response:
         connection = http.client.HTTPSConnection if server.https else http.client.HTTPConnection
         conn = connection(server.host, server.port, timeout=min(read_s, CONNECT_S_MAX))
@@ -361,7 +434,8 @@ class Client:
             connected = True
             # Connect and read have separate budgets: see CONNECT_S_MAX.
             conn.sock.settimeout(read_s)
-            conn.request(method, server.prefix + target, body=data, headers=self._headers(data))
+            headers = {**self._headers(data), **(extra_headers or {})}
+            conn.request(method, server.prefix + target, body=data, headers=headers)
             response = conn.getresponse()
             return _Response(response.status, response.read(),
                              _retry_after_s(response.getheader("Retry-After")))
@@ -388,6 +462,14 @@ class Client:
 def _part(value: str) -> str:
     """One URL path segment: ids may hold '/', '?' or '%' in error cases."""
     return quote(str(value), safe="")
+
+
+def _outcome_unknown(server: _Server, failure: Exception) -> OutcomeUnknown:
+    """The error for a request that may have been applied and must not be resent."""
+    if isinstance(failure, OutcomeUnknown):
+        return failure
+    reason = failure.reason if isinstance(failure, _TransportError) else str(failure)
+    return OutcomeUnknown(f"{server.url}: {reason}; the request may have been applied")
 
 
 def _give_up(last: Exception, unreachable: Mapping[str, str]) -> Exception:

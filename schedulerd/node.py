@@ -20,7 +20,7 @@ from storage.ops import Op
 log = logging.getLogger("schedulerd.node")
 
 # Ops after which a ready run may have appeared (or a lease ended): wake long-polls.
-READY_CHANGING = frozenset({Op.CLAIM_BATCH, Op.NACK, Op.EXPIRE_LEASES})
+READY_CHANGING = frozenset({Op.CLAIM_BATCH, Op.NACK, Op.EXPIRE_LEASES, Op.TRIGGER_JOB, Op.REDRIVE_RUN})
 
 
 class Node:
