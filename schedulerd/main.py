@@ -41,9 +41,9 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-async def serve(config: NodeConfig) -> None:
+async def serve(config: NodeConfig, clock: Clock) -> None:
     loop = asyncio.get_running_loop()
-    node = Node(config, Clock())
+    node = Node(config, clock)
     node.start(loop)
     leases = LeaseQueue(node)
     loops = LeaderLoops(node)
@@ -74,11 +74,13 @@ async def serve(config: NodeConfig) -> None:
 @click.option("--lease-s", default=30.0, show_default=True, help="Lease length per delivery, seconds.")
 @click.option("--compaction-entries", default=RaftConfig.compaction_entries_min, show_default=True,
               help="Snapshot LMDB and compact the Raft log after this many entries.")
+@click.option("--clock-offset-file", default=None, type=click.Path(dir_okay=False),
+              help="Testing: shift this node's wall clock by the seconds written in FILE (re-read on change).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None, peers: str, groups: int,
-        lease_s: float, compaction_entries: int, log_level: str) -> None:
+        lease_s: float, compaction_entries: int, clock_offset_file: str | None, log_level: str) -> None:
     """Run a schedulerd node. With no flags: a single-node cluster on 127.0.0.1:8080."""
     if ctx.invoked_subcommand is not None:
         return
@@ -100,7 +102,7 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
         config.validate()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    uvloop.run(serve(config))
+    uvloop.run(serve(config, Clock(offset_file=clock_offset_file)))
 
 
 @cli.command("dev-cluster")
