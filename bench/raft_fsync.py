@@ -336,10 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     print(header, file=sys.stderr)
     load_before = os.getloadavg()
     results = []
-    for round_no in range(1, settings.rounds + 1):
-        for variant in settings.variants:
-            print(f"round {round_no}: {variant} ...", file=sys.stderr, flush=True)
-            results.append(run_cluster(variant, round_no, settings))
+    try:
+        for round_no in range(1, settings.rounds + 1):
+            for variant in settings.variants:
+                print(f"round {round_no}: {variant} ...", file=sys.stderr, flush=True)
+                results.append(run_cluster(variant, round_no, settings))
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     load_after = os.getloadavg()
     print(header)
     print("load average before: %.2f %.2f %.2f, after: %.2f %.2f %.2f\n" % (*load_before, *load_after))

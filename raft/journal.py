@@ -79,6 +79,9 @@ class DurableJournal(pysyncobj.journal.Journal):
         self.error: JournalError | None = None
         self._entries: list[Entry] = []
         self._offsets: list[int] = []  # file offset of each entry's record
+        # Entries deleteEntriesFrom dropped whose records are still in the file,
+        # starting at offset _end (see deleteEntriesFrom).
+        self._limbo: list[Entry] = []
         self._end = len(MAGIC)
         self._dirty = False
         self._durable_index = 0
@@ -99,9 +102,19 @@ class DurableJournal(pysyncobj.journal.Journal):
             raise TypeError(f"journal command must be bytes, not {type(command).__name__}")
         self._check_usable()
         self._check_next_idx(idx)
+        entry = (command, idx, term)
+        if self._limbo and self._limbo[0] == entry:
+            # pysyncobj re-sends entries this follower already holds: the bytes on
+            # disk are that very record, durable since before; take it back as is.
+            self._limbo.pop(0)
+            self._entries.append(entry)
+            self._offsets.append(self._end)
+            self._end += _RECORD.size + len(command)
+            return
+        self._drop_limbo()
         record = _encode(command, idx, term)
         self._os(_pwrite_all, self._fd, record, self._end)
-        self._entries.append((command, idx, term))
+        self._entries.append(entry)
         self._offsets.append(self._end)
         self._end += len(record)
         self._dirty = True
@@ -110,21 +123,29 @@ class DurableJournal(pysyncobj.journal.Journal):
         self.deleteEntriesFrom(0)
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
-        """Drop entries [entryFrom:] (a follower's conflicting suffix), durably."""
+        """Drop entries [entryFrom:] (a follower's conflicting suffix).
+
+        pysyncobj 0.3.17 also calls this for suffixes that do not conflict: a late
+        ack rewinds the leader's nextIndex, and the follower deletes from there
+        and receives the same entries again. Truncating the file at once would
+        leave entries this node already acknowledged off the disk until the next
+        sync. So the dropped records stay on disk in limbo: an identical re-add
+        takes its record back, anything else (or the next sync) cuts the file.
+        Until then the disk holds exactly a log this node had made durable."""
         self._check_usable()
         start = slice(entryFrom, None).indices(len(self._entries))[0]
         if start == len(self._entries):
             return
-        offset = self._offsets[start]
-        self._os(os.ftruncate, self._fd, offset)
+        self._limbo[:0] = self._entries[start:]
+        self._end = self._offsets[start]
         del self._entries[start:]
         del self._offsets[start:]
-        self._end = offset
-        self._fdatasync()
+        self._dirty = True
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         """Drop entries [:entryTo] (log compaction) by an atomic file rewrite."""
         self._check_usable()
+        self._limbo = []
         kept = self._entries[entryTo:]
         data = bytearray(MAGIC)
         offsets = []
@@ -150,6 +171,7 @@ class DurableJournal(pysyncobj.journal.Journal):
         """Make every added entry durable; a no-op when nothing was added since."""
         self._check_usable()
         if self._dirty:
+            self._drop_limbo()
             self._fdatasync()
 
     def flush(self) -> None:
@@ -223,6 +245,12 @@ class DurableJournal(pysyncobj.journal.Journal):
         # What we read may exist only in the page cache (kill -9 keeps it there):
         # make it durable before Raft counts it.
         self._fdatasync()
+
+    def _drop_limbo(self) -> None:
+        """Cut records dropped by deleteEntriesFrom off the file (made durable by the next sync)."""
+        if self._limbo:
+            self._os(os.ftruncate, self._fd, self._end)
+            self._limbo = []
 
     def _check_next_idx(self, idx: int) -> None:
         # pysyncobj finds entry i at position i - journal[0].idx: a gap corrupts it.

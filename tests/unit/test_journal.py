@@ -122,6 +122,46 @@ def test_delete_entries_from_persists(tmp_path: Path) -> None:
     assert reopen(journal)[:] == added[:4] + [(b"replacement", 5, 2)]
 
 
+def crash(journal: DurableJournal) -> DurableJournal:
+    """Reopen as after kill -9: the file as it is, nothing synced or cut on the way out."""
+    os.close(journal._fd)
+    journal._fd = -1
+    return DurableJournal(journal.path)
+
+
+def test_resent_identical_entries_are_taken_back_without_writing(tmp_path: Path) -> None:
+    added = entries(6)
+    journal = open_with(tmp_path / "j", added)
+    journal.sync()
+    before = (tmp_path / "j").read_bytes()
+    journal.deleteEntriesFrom(2)  # pysyncobj's rewind: the same entries come again
+    for entry in added[2:]:
+        journal.add(*entry)
+    assert journal[:] == added
+    assert (tmp_path / "j").read_bytes() == before
+    assert reopen(journal)[:] == added
+
+
+def test_an_acknowledged_entry_survives_a_crash_between_rewind_and_sync(tmp_path: Path) -> None:
+    added = entries(6)
+    journal = open_with(tmp_path / "j", added)
+    journal.sync()  # entries 1..6 acknowledged to the leader
+    journal.deleteEntriesFrom(2)
+    journal.add(*added[2])
+    assert crash(journal)[:] == added
+
+
+def test_a_conflicting_entry_cuts_the_dropped_suffix(tmp_path: Path) -> None:
+    added = entries(6)
+    journal = open_with(tmp_path / "j", added)
+    journal.sync()
+    journal.deleteEntriesFrom(2)
+    journal.add(*added[2])
+    journal.add(b"other", 4, 9)
+    journal.sync()
+    assert crash(journal)[:] == added[:3] + [(b"other", 4, 9)]
+
+
 def test_clear_persists(tmp_path: Path) -> None:
     journal = open_with(tmp_path / "j", entries(3))
     journal.clear()
