@@ -11,6 +11,8 @@ from schedulerd import routes_jobs, routes_preview, routes_tasks
 from schedulerd.errors import SchedulerError, Unavailable, status_of
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.node import Node
+from storage.db import last_applied
+from storage.queries import state_digest
 
 log = logging.getLogger("schedulerd.api")
 
@@ -51,6 +53,16 @@ def make_app(node: Node, leases: LeaseQueue) -> web.Application:
                                   "groups": [g.status() for g in node.groups],
                                   "poll_waiters": leases.waiters})
 
+    async def digest(request: web.Request) -> web.Response:
+        """A hash of each group's whole replicated state at its last applied index:
+        replicas that applied the same entries must report the same digest."""
+        out = []
+        for group in node.groups:
+            with node.read(group) as (txn, tables):
+                out.append({"group": group.group_id, "last_applied": last_applied(txn, tables),
+                            "digest": state_digest(txn, tables)})
+        return web.json_response({"groups": out})
+
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
@@ -60,7 +72,8 @@ def make_app(node: Node, leases: LeaseQueue) -> web.Application:
             raise Unavailable("; ".join(problems))
         return web.json_response({"ok": True})
 
-    app.add_routes([web.get("/v1/cluster", cluster), web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    app.add_routes([web.get("/v1/cluster", cluster), web.get("/v1/cluster/digest", digest),
+                    web.get("/healthz", healthz), web.get("/readyz", readyz)])
     app.add_routes(routes_jobs.routes(node))
     app.add_routes(routes_tasks.routes(node, leases))
     app.add_routes(routes_preview.routes(node))

@@ -86,6 +86,8 @@ def test_leader_kill_loses_nothing_and_replicas_converge(make_cluster) -> None:
             assert ("every-second", f"every-second:{run['scheduled_time']}") in executed
 
     cluster.wait_converged()
+    live = {node.name: node.get("/v1/cluster/digest")[1]["groups"][0] for node in cluster.nodes}
+    assert len({(g["last_applied"], g["digest"]) for g in live.values()}) == 1, live
     cluster.stop()
     digests = {node.name: lmdb_digest(f"{node.data_dir}/group-0.lmdb") for node in cluster.nodes}
     assert len(set(digests.values())) == 1, digests
