@@ -92,6 +92,9 @@ class Group:
         )
         self.replica = _Replica(self, self.self_addr, self.peers, sconf)
         self.journal = journal.journal_for(journal_path)
+        # A journal that failed to write or sync cannot be trusted again: stop the
+        # node (it replays on restart) instead of leaving pysyncobj half-alive.
+        self.journal.on_error = lambda error: self._on_fatal(f"group={group_id} journal: {error}")
         journal.make_durable(self.replica, self.journal)
 
     def _apply(self, index: int, blob: bytes) -> Any:

@@ -77,6 +77,8 @@ class DurableJournal(pysyncobj.journal.Journal):
         # Set once a write or fsync failed. Never retried: after a failed fsync
         # Linux may drop the dirty pages, and a retry would report success.
         self.error: JournalError | None = None
+        # Called once with the error when the journal becomes unusable (the owner stops the node).
+        self.on_error: Callable[[JournalError], None] | None = None
         self._entries: list[Entry] = []
         self._offsets: list[int] = []  # file offset of each entry's record
         # Entries deleteEntriesFrom dropped whose records are still in the file,
@@ -278,6 +280,8 @@ class DurableJournal(pysyncobj.journal.Journal):
             return call(*args)
         except (OSError, JournalError) as e:
             self.error = JournalError(f"{self.path}: {e}")
+            if self.on_error is not None:
+                self.on_error(self.error)
             raise self.error from e
 
 

@@ -12,6 +12,7 @@ import lmdb
 from raft.group import Group, ProposalFailed
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
+from schedulerd.diskguard import DiskGuard
 from schedulerd.errors import OutcomeUnknown, Unavailable
 from storage import keys, ops
 from storage.db import Tables
@@ -30,6 +31,7 @@ class Node:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.groups: list[Group] = []
         self._ready_event = asyncio.Event()
+        self.disk = DiskGuard(config.raft.data_dir, config.limits.disk_free_bytes_min)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -74,6 +76,7 @@ class Node:
     async def propose(self, group: Group, op: Op, payload: dict[str, Any]) -> dict[str, Any]:
         """Commit one command through Raft and return its apply result on this node."""
         assert self.loop is not None
+        self.disk.check()
         payload.setdefault("now", self.clock.now_us())
         fut = group.propose(ops.encode(op, payload), self.loop)
         try:
