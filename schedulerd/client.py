@@ -189,28 +189,34 @@ class Client:
         same caller-chosen id in that window is returned as if it were ours.
         When the call gives up after such an ambiguous attempt it raises
         `OutcomeUnknown` naming the job_id to retry with.
-        An `idempotency_key` in `spec` is also sent as the `Idempotency-Key`
-        header (docs/api.md accepts either; the body keeps it too).
+
+        With an `idempotency_key` in `spec` the server does the deduplication:
+        the key is also sent as the `Idempotency-Key` header (the body keeps
+        it), a repeat answers 200 with the original job, and no job_id is
+        generated, so a later call with the same key and spec, from any
+        process, has the same body and gets the same job back.
         """
         body = dict(spec)
-        if not body.get("job_id"):
-            body["job_id"] = uuid.uuid4().hex
-        job_id = body["job_id"]
         key = body.get("idempotency_key")
+        if not body.get("job_id") and key is None:
+            body["job_id"] = uuid.uuid4().hex
+        job_id = body.get("job_id")
         headers = {"Idempotency-Key": str(key)} if key is not None else None
         failures: list[Exception] = []
         try:
             return self._request("POST", "/v1/jobs", body, failures=failures, headers=headers)
         except Conflict:
-            if not _maybe_applied(failures):
+            # With a key our own landed attempt would have answered 200: a 409 is real.
+            if key is not None or not _maybe_applied(failures):
                 raise
-            return self.get_job(job_id)
+            return self.get_job(str(job_id))
         except Unavailable as exc:
             if not _maybe_applied(failures):
                 raise
-            raise OutcomeUnknown(
-                f"{exc.message}; job {job_id!r} may have been created: retry with this job_id"
-            ) from exc
+            what = (f"job {job_id!r} may have been created: retry with this job_id"
+                    if key is None else
+                    f"the job with idempotency_key {key!r} may have been created: retry with this key")
+            raise OutcomeUnknown(f"{exc.message}; {what}") from exc
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/jobs/{_part(job_id)}")

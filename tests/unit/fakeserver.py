@@ -21,6 +21,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 NOW = "2026-01-01T00:00:00Z"
 LEASE_UNTIL = "2026-01-01T00:00:30Z"
 JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+# Scheduling options a job accepts on create and PATCH (docs/api.md); stored as given.
+OPTIONS = ("misfire_policy", "catchup_limit", "starting_deadline_s", "overlap_policy", "backoff",
+           "timeout_s", "jitter_s", "history_limit")
+PATCHABLE = {"schedule", "queue", "payload", "max_attempts", "priority", *OPTIONS}
+PREVIEW_N_MAX = 100
 # Faults a test can script for the next matching request.
 UNAVAILABLE = "unavailable"  # 503 no leader; nothing applied
 OUTCOME_UNKNOWN = "outcome_unknown"  # applied, then 503 outcome_unknown
@@ -62,6 +67,8 @@ class FakeCluster:
 
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Idempotency-Key -> (the create body it came with, the job it made).
+    idempotency: dict[str, tuple[Any, str]] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
     faults: list[_Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -76,16 +83,20 @@ class FakeCluster:
     def add_run(self, job_id: str, **fields: Any) -> dict[str, Any]:
         """Seed a run of an existing job, as the leader's due scan would."""
         with self.lock:
-            job = self.jobs[job_id]
-            run_id = f"0-{len(self.runs) + 1}-0"
-            run = {"run_id": run_id, "job_id": job_id, "scheduled_time": NOW,
-                   "state": "queued", "attempt": 0, "queue": job["queue"],
-                   "priority": job["priority"], "available_at": NOW, "worker_id": None,
-                   "fence": 0, "lease_until": None, "created_at": NOW,
-                   "finished_at": None, "result": None, "error": None}
-            run.update(fields)
-            self.runs[run_id] = run
-            return run
+            return self.new_run(job_id, **fields)
+
+    def new_run(self, job_id: str, **fields: Any) -> dict[str, Any]:
+        """add_run for callers that hold the lock (the route handlers)."""
+        job = self.jobs[job_id]
+        run_id = f"0-{len(self.runs) + 1}-0"
+        run = {"run_id": run_id, "job_id": job_id, "scheduled_time": NOW,
+               "state": "queued", "attempt": 0, "queue": job["queue"],
+               "priority": job["priority"], "available_at": NOW, "worker_id": None,
+               "fence": 0, "lease_until": None, "created_at": NOW,
+               "finished_at": None, "result": None, "error": None}
+        run.update(fields)
+        self.runs[run_id] = run
+        return run
 
     def requests(self, method: str, path: str) -> list[Seen]:
         with self.lock:
@@ -125,9 +136,15 @@ def _run(cluster: FakeCluster, run_id: str) -> dict[str, Any]:
 
 
 def create_job(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
-               body: Any) -> tuple[int, Any]:
+               body: Any, key: str | None = None) -> tuple[int, Any]:
     if not isinstance(body, dict):
         raise FakeError(400, "invalid_request", "body must be a JSON object")
+    key = key or body.get("idempotency_key")
+    if key is not None and key in cluster.idempotency:
+        first_body, first_job = cluster.idempotency[key]
+        if first_body != body:
+            raise FakeError(409, "conflict", f"idempotency key {key!r} was used for another job")
+        return 200, cluster.jobs[first_job]
     job_id = body.get("job_id") or uuid.uuid4().hex
     if not JOB_ID.fullmatch(job_id):
         raise FakeError(400, "invalid_job", f"job_id {job_id!r}: allowed [A-Za-z0-9_.-]{{1,128}}")
@@ -139,8 +156,11 @@ def create_job(cluster: FakeCluster, params: dict[str, str], query: dict[str, st
     job = {"job_id": job_id, "state": "scheduled", "schedule": schedule,
            "queue": body.get("queue", "default"), "payload": body.get("payload"),
            "max_attempts": body.get("max_attempts", 3), "priority": body.get("priority", 0),
-           "next_fire_time": schedule.get("at", NOW), "created_at": NOW, "updated_at": NOW}
+           "next_fire_time": schedule.get("at", NOW), "created_at": NOW, "updated_at": NOW,
+           **{name: body[name] for name in OPTIONS if name in body}}
     cluster.jobs[job_id] = job
+    if key is not None:
+        cluster.idempotency[key] = (body, job_id)
     return 201, job
 
 
@@ -164,6 +184,62 @@ def cancel_job(cluster: FakeCluster, params: dict[str, str], query: dict[str, st
         raise FakeError(409, "conflict", f"job {job['job_id']!r} is completed")
     job.update(state="cancelled", next_fire_time=None)
     return 200, job
+
+
+def update_job(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+               body: Any) -> tuple[int, Any]:
+    job = _job(cluster, params["job_id"])
+    unknown = sorted(set(body) - PATCHABLE)
+    if unknown:
+        raise FakeError(400, "invalid_job", f"unknown field(s) in job: {', '.join(unknown)}")
+    if job["state"] == "cancelled":
+        raise FakeError(409, "conflict", f"job {job['job_id']!r} is cancelled")
+    job.update(body, updated_at=NOW)
+    return 200, job
+
+
+def job_action(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+               body: Any) -> tuple[int, Any]:
+    """pause | resume | trigger, with the state rules of docs/api.md."""
+    job, action = _job(cluster, params["job_id"]), params["action"]
+    refused = {"cancelled"} if action == "trigger" else {"cancelled", "completed"}
+    if job["state"] in refused:
+        raise FakeError(409, "conflict", f"job {job['job_id']!r} is {job['state']}")
+    if action == "trigger":
+        return 201, {"run": cluster.new_run(job["job_id"], trigger=True)}
+    if action == "pause":
+        job.update(state="paused", next_fire_time=None, updated_at=NOW)
+    else:
+        job.update(state="scheduled", next_fire_time=NOW, updated_at=NOW)
+    return 200, job
+
+
+def dead_letters(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+                 body: Any) -> tuple[int, Any]:
+    runs = [run for run in cluster.runs.values() if run["state"] == "dead_letter"
+            and query.get("queue") in (None, run["queue"])]
+    return 200, _page(runs, "run_id", query, "runs")
+
+
+def retry_run(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+              body: Any) -> tuple[int, Any]:
+    run = _run(cluster, params["run_id"])
+    if run["state"] != "dead_letter":
+        raise FakeError(409, "conflict", f"run {run['run_id']!r} is {run['state']}, not dead_letter")
+    run.update(state="queued", available_at=NOW, worker_id=None, lease_until=None,
+               finished_at=None)
+    return 200, {"run": run}
+
+
+def preview(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+            body: Any) -> tuple[int, Any]:
+    """Not the real cron math: n minutes after NOW, enough to check what is sent and shown."""
+    if ("cron" in query) == ("every" in query):
+        raise FakeError(400, "invalid_job", "give exactly one of cron=EXPR or every=DURATION")
+    n = int(query.get("n", "10"))
+    if n > PREVIEW_N_MAX:
+        raise FakeError(400, "limit_exceeded", f"n={n} is over preview_n_max ({PREVIEW_N_MAX})")
+    return 200, {"fire_times": [f"2026-01-01T00:{minute:02d}:00Z" for minute in range(1, n + 1)]}
 
 
 def job_runs(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
@@ -210,6 +286,21 @@ def task_op(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
     return 200, {"run": run}
 
 
+def heartbeat_batch(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+                    body: Any) -> tuple[int, Any]:
+    results = []
+    for lease in body["leases"]:
+        try:
+            task_op(cluster, {"run_id": lease["run_id"], "verb": "heartbeat"}, query,
+                    {"worker_id": body["worker_id"], "fence": lease["fence"]})
+        except FakeError as exc:
+            results.append({"run_id": lease["run_id"], "ok": False,
+                            "error": {"code": exc.code, "message": exc.message}})
+        else:
+            results.append({"run_id": lease["run_id"], "ok": True, "lease_until": LEASE_UNTIL})
+    return 200, {"results": results}
+
+
 def cluster_info(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
                  body: Any) -> tuple[int, Any]:
     groups = [{"group": g, "leader": "127.0.0.1:9080", "is_leader": True, "term": 3 + g,
@@ -230,6 +321,12 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
         ("GET", r"/v1/jobs", list_jobs),
         ("GET", r"/v1/jobs/(?P<job_id>[^/]+)", get_job),
         ("DELETE", r"/v1/jobs/(?P<job_id>[^/]+)", cancel_job),
+        ("PATCH", r"/v1/jobs/(?P<job_id>[^/]+)", update_job),
+        ("POST", r"/v1/jobs/(?P<job_id>[^/]+)/(?P<action>pause|resume|trigger)", job_action),
+        ("GET", r"/v1/dead-letter", dead_letters),
+        ("POST", r"/v1/runs/(?P<run_id>[^/]+)/retry", retry_run),
+        ("GET", r"/v1/preview", preview),
+        ("POST", r"/v1/tasks/heartbeat", heartbeat_batch),
         ("GET", r"/v1/jobs/(?P<job_id>[^/]+)/runs", job_runs),
         ("GET", r"/v1/runs/(?P<run_id>[^/]+)", get_run),
         ("POST", r"/v1/tasks/poll", poll),
@@ -241,11 +338,13 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
 
 
 def _route(cluster: FakeCluster, method: str, path: str, query: dict[str, str],
-           body: Any) -> tuple[int, Any]:
+           body: Any, headers: dict[str, str]) -> tuple[int, Any]:
     for route_method, pattern, handler in ROUTES:
         match = pattern.fullmatch(path)
         if match and route_method == method:
             params = {k: unquote(v) for k, v in match.groupdict().items()}
+            if handler is create_job:
+                return create_job(cluster, params, query, body, headers.get("Idempotency-Key"))
             return handler(cluster, params, query, body)
     raise FakeError(404, "not_found", f"no route {method} {path}")
 
@@ -261,6 +360,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._handle("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep pytest output for failures that matter
@@ -281,7 +383,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 return
             else:
                 try:
-                    status, doc = _route(cluster, method, parts.path, query, body)
+                    status, doc = _route(cluster, method, parts.path, query, body,
+                                         dict(self.headers))
                 except FakeError as exc:
                     status, doc = exc.status, _error_doc(exc.code, exc.message)
         if parts.path == "/v1/tasks/poll" and status == 200 and not doc["tasks"]:

@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 from click.testing import CliRunner, Result
 
 from cli.main import format_table, schedctl
+from cli.worker_cmd import STDERR_TAIL_BYTES, STDOUT_TAIL_BYTES, CommandFailed, run_command
+from schedulerd.worker import Task
 from tests.unit.fakeserver import FakeCluster, FakeServer, closed_port_url, fake_cluster
 
 
@@ -222,3 +231,319 @@ def test_server_list_fails_over_and_env_var_is_read(one):
     result = CliRunner().invoke(schedctl, ["cluster"], env=env)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("node: 127.0.0.1:9080\n")
+
+
+# -- create and update: scheduling options ---------------------------------------------
+
+ALL_OPTION_FLAGS = ["--misfire", "skip", "--catchup-limit", "50", "--starting-deadline", "600",
+                    "--overlap", "buffer_one", "--backoff-base-ms", "500", "--backoff-factor",
+                    "3", "--backoff-max-ms", "60000", "--timeout-s", "120", "--jitter-s", "30",
+                    "--history-limit", "20"]
+ALL_OPTION_FIELDS = {"misfire_policy": "skip", "catchup_limit": 50, "starting_deadline_s": 600,
+                     "overlap_policy": "buffer_one",
+                     "backoff": {"base_ms": 500, "factor": 3.0, "max_ms": 60000},
+                     "timeout_s": 120, "jitter_s": 30, "history_limit": 20}
+
+
+def test_create_sends_every_scheduling_option_and_the_idempotency_key(one):
+    cluster, server = one
+    run(server, "create", "--id", "j1", "--every", "1h", *ALL_OPTION_FLAGS,
+        "--idempotency-key", "k-1")
+    assert created(cluster) == {"schedule": {"every": "1h"}, "queue": "default", "job_id": "j1",
+                                "idempotency_key": "k-1", **ALL_OPTION_FIELDS}
+    assert cluster.requests("POST", "/v1/jobs")[0].headers["Idempotency-Key"] == "k-1"
+
+
+def test_create_sends_only_the_backoff_parts_given(one):
+    cluster, server = one
+    run(server, "create", "--every", "1h", "--backoff-factor", "1.5")
+    assert created(cluster)["backoff"] == {"factor": 1.5}
+    assert "job_id" in created(cluster)  # no key: the client picks the id
+
+
+def test_create_with_the_same_idempotency_key_twice_gets_one_job(one):
+    cluster, server = one
+    first = json.loads(run(server, "--json", "create", "--every", "1h",
+                           "--idempotency-key", "k").stdout)
+    second = json.loads(run(server, "--json", "create", "--every", "1h",
+                            "--idempotency-key", "k").stdout)
+    assert first == second
+    assert list(cluster.jobs) == [first["job_id"]]
+
+
+def test_update_sends_only_what_was_given(one):
+    cluster, server = one
+    run(server, "create", "--id", "j1", "--every", "5s")
+    result = run(server, "update", "j1", "--priority", "5", "--backoff-max-ms", "1000")
+    [patch] = cluster.requests("PATCH", "/v1/jobs/j1")
+    assert patch.body == {"priority": 5, "backoff": {"max_ms": 1000}}
+    assert "priority:       5" in result.stdout.splitlines()
+
+
+def test_update_with_every_option_and_a_new_schedule(one):
+    cluster, server = one
+    run(server, "create", "--id", "j1", "--every", "5s")
+    run(server, "--json", "update", "j1", "--cron", "30 1 * * *", "--tz", "America/New_York",
+        "--queue", "q2", "--payload", "null", *ALL_OPTION_FLAGS)
+    [patch] = cluster.requests("PATCH", "/v1/jobs/j1")
+    assert patch.body == {"schedule": {"cron": "30 1 * * *", "timezone": "America/New_York"},
+                          "queue": "q2", "payload": None, **ALL_OPTION_FIELDS}
+    assert cluster.jobs["j1"]["misfire_policy"] == "skip"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], "error: usage: nothing to update: give at least one option "
+         "(see `schedctl update --help`)"),
+    (["--cron", "* * * * *", "--every", "5s"],
+     "error: usage: give exactly one of --at, --cron, --every (got --cron and --every)"),
+    (["--tz", "Europe/Berlin"], "error: usage: --tz applies only to --cron"),
+    (["--idempotency-key", "k"], "error: usage: No such option '--idempotency-key'."),
+    (["--misfire", "sometimes"], "error: usage: Invalid value for '--misfire': 'sometimes' is "
+                                 "not one of 'fire_all', 'fire_once', 'skip'."),
+    (["--backoff-factor", "11"], "error: usage: Invalid value for '--backoff-factor': "
+                                 "11.0 is not in the range 1<=x<=10."),
+])
+def test_bad_update_flags_fail_before_any_request(one, flags, expected):
+    cluster, server = one
+    assert_one_error_line(run(server, "update", "j1", *flags, code=2), expected)
+    assert cluster.seen == []
+
+
+def test_update_of_an_unknown_job_is_one_line_and_exit_1(one):
+    _, server = one
+    assert_one_error_line(run(server, "update", "nope", "--priority", "1", code=1),
+                          "error: not_found: no job 'nope'")
+
+
+# -- pause, resume, trigger ----------------------------------------------------------------
+
+def test_pause_resume_print_the_job(one):
+    cluster, server = one
+    run(server, "create", "--id", "j1", "--every", "5s")
+    assert "state:          paused" in run(server, "pause", "j1").stdout.splitlines()
+    assert cluster.jobs["j1"]["state"] == "paused"
+    assert "state:          scheduled" in run(server, "resume", "j1").stdout.splitlines()
+
+
+def test_resume_of_a_cancelled_job_is_a_conflict(one):
+    _, server = one
+    run(server, "create", "--id", "j1", "--every", "5s")
+    run(server, "cancel", "j1")
+    assert_one_error_line(run(server, "resume", "j1", code=1),
+                          "error: conflict: job 'j1' is cancelled")
+
+
+def test_trigger_prints_the_run_and_json_prints_the_document(one):
+    cluster, server = one
+    run(server, "create", "--id", "j1", "--every", "5s")
+    lines = run(server, "trigger", "j1").stdout.splitlines()
+    assert "run_id:         0-1-0" in lines
+    assert "trigger:        true" in lines
+    document = json.loads(run(server, "--json", "trigger", "j1").stdout)
+    assert document == {"run": cluster.runs["0-2-0"]}
+
+
+# -- dead letters --------------------------------------------------------------------------
+
+def seed_dead_letters(cluster: FakeCluster, server: FakeServer) -> None:
+    run(server, "create", "--id", "j1", "--every", "5s", "--queue", "mail")
+    run(server, "create", "--id", "j2", "--every", "5s", "--queue", "sms")
+    cluster.add_run("j1", state="dead_letter", attempt=3, reason="max_attempts",
+                    error="CommandFailed: exit status 3: disk full\nTraceback (innermost last):")
+    cluster.add_run("j2", state="dead_letter", attempt=1, reason="timeout")
+    cluster.add_run("j2", state="succeeded", attempt=1)
+
+
+def test_dead_letter_list_prints_a_table_with_the_first_error_line(one):
+    cluster, server = one
+    seed_dead_letters(cluster, server)
+    assert run(server, "dead-letter", "list").stdout.splitlines() == [
+        "RUN_ID  JOB_ID  QUEUE  SCHEDULED             ATTEMPT  REASON        ERROR",
+        "0-1-0   j1      mail   2026-01-01T00:00:00Z  3        max_attempts  "
+        "CommandFailed: exit status 3: disk full",
+        "0-2-0   j2      sms    2026-01-01T00:00:00Z  1        timeout       -",
+    ]
+
+
+def test_dead_letter_list_filters_limits_and_prints_json(one):
+    cluster, server = one
+    seed_dead_letters(cluster, server)
+    document = json.loads(run(server, "--json", "dead-letter", "list", "--queue", "sms").stdout)
+    assert document == {"runs": [cluster.runs["0-2-0"]], "next_cursor": None}
+    limited = run(server, "dead-letter", "list", "--limit", "1")
+    assert limited.stdout.count("\n") == 2
+    assert limited.stderr == "(more dead letters than --limit; not shown)\n"
+    assert cluster.requests("GET", "/v1/dead-letter")[-1].query == {"limit": "1"}
+
+
+def test_dead_letter_retry_prints_the_queued_run(one):
+    cluster, server = one
+    seed_dead_letters(cluster, server)
+    assert "state:          queued" in run(server, "dead-letter", "retry", "0-1-0").stdout.splitlines()
+    assert cluster.runs["0-1-0"]["state"] == "queued"
+    assert_one_error_line(run(server, "dead-letter", "retry", "0-1-0", code=1),
+                          "error: conflict: run '0-1-0' is queued, not dead_letter")
+
+
+def test_dead_letter_usage_errors_are_one_line(one):
+    _, server = one
+    assert_one_error_line(run(server, "dead-letter", "retry", code=2),
+                          "error: usage: Missing argument 'RUN_ID'.")
+    assert_one_error_line(run(server, "dead-letter", "purge", code=2),
+                          "error: usage: No such command 'purge'.")
+
+
+# -- preview ---------------------------------------------------------------------------------
+
+def test_preview_cron_with_a_zone_shows_utc_and_local_times(one):
+    cluster, server = one
+    result = run(server, "preview", "30 1 * * *", "--tz", "America/New_York", "-n", "2")
+    assert result.stdout.splitlines() == [
+        "FIRE_TIME             LOCAL (America/New_York)",
+        "2026-01-01T00:01:00Z  2025-12-31T19:01:00-05:00",
+        "2026-01-01T00:02:00Z  2025-12-31T19:02:00-05:00",
+    ]
+    assert cluster.requests("GET", "/v1/preview")[0].query == {
+        "cron": "30 1 * * *", "timezone": "America/New_York", "n": "2"}
+
+
+def test_preview_every_prints_utc_only_and_json_prints_the_document(one):
+    cluster, server = one
+    assert run(server, "preview", "--every", "90s", "-n", "1").stdout.splitlines() == [
+        "FIRE_TIME", "2026-01-01T00:01:00Z"]
+    assert json.loads(run(server, "--json", "preview", "* * * * *").stdout)["fire_times"][9] == \
+        "2026-01-01T00:10:00Z"
+    assert [s.query for s in cluster.requests("GET", "/v1/preview")] == [
+        {"every": "90s", "n": "1"}, {"cron": "* * * * *", "n": "10"}]
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([], 'error: usage: give exactly one of "CRON" or --every DURATION'),
+    (["* * * * *", "--every", "5s"], 'error: usage: give exactly one of "CRON" or --every DURATION'),
+    (["--every", "5s", "--tz", "UTC"], "error: usage: --tz applies only to CRON"),
+    (["* * * * *", "-n", "0"], "error: usage: Invalid value for '-n': 0 is not in the range x>=1."),
+])
+def test_bad_preview_flags_fail_before_any_request(one, args, expected):
+    cluster, server = one
+    assert_one_error_line(run(server, "preview", *args, code=2), expected)
+    assert cluster.seen == []
+
+
+def test_preview_over_the_server_limit_is_one_line_and_exit_1(one):
+    _, server = one
+    assert_one_error_line(run(server, "preview", "--every", "1s", "-n", "101", code=1),
+                          "error: limit_exceeded: n=101 is over preview_n_max (100)")
+
+
+# -- worker: a command per task ------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = Task(run_id="0-7-0", job_id="j1", queue="q1",
+            scheduled_time=datetime(2026, 3, 8, 7, 0, tzinfo=timezone.utc), attempt=2, fence=41,
+            idempotency_key="j1:2026-03-08T07:00:00Z",
+            lease_until=datetime(2026, 3, 8, 7, 0, 30, tzinfo=timezone.utc),
+            payload={"x": [1, "ü"]})
+
+
+def test_command_gets_the_payload_on_stdin_and_the_task_in_its_environment():
+    result = run_command(["sh", "-c", 'cat; echo; env | grep ^SCHEDULERD_ | sort'], TASK)
+    assert result == {"exit_code": 0, "stdout_tail": "\n".join([
+        '{"x":[1,"\\u00fc"]}',  # ASCII JSON: safe whatever the command's locale
+        "SCHEDULERD_ATTEMPT=2",
+        "SCHEDULERD_FENCE=41",
+        "SCHEDULERD_IDEMPOTENCY_KEY=j1:2026-03-08T07:00:00Z",
+        "SCHEDULERD_JOB_ID=j1",
+        "SCHEDULERD_QUEUE=q1",
+        "SCHEDULERD_RUN_ID=0-7-0",
+        "SCHEDULERD_SCHEDULED_TIME=2026-03-08T07:00:00Z",
+        ""])}
+
+
+def test_a_failing_command_raises_with_the_exit_status_and_the_tail_of_stderr():
+    script = "cat > /dev/null; i=0; while [ $i -lt 500 ]; do echo line-$i >&2; i=$((i+1)); done; exit 3"
+    with pytest.raises(CommandFailed) as caught:
+        run_command(["sh", "-c", script], TASK)
+    message = str(caught.value)
+    assert message.startswith("exit status 3: ")
+    assert message.endswith("line-498\nline-499\n")
+    assert len(message.encode()) <= len("exit status 3: ") + STDERR_TAIL_BYTES
+
+
+def test_outputs_are_kept_bounded_and_an_unread_payload_is_no_failure():
+    big = Task(**{**TASK.__dict__, "payload": "p" * 1_000_000})  # more than a pipe buffer
+    result = run_command(["sh", "-c", "head -c 100000 /dev/zero | tr '\\0' a; echo end"], big)
+    assert result["stdout_tail"] == "a" * (STDOUT_TAIL_BYTES - 4) + "end\n"
+
+
+def test_a_killed_command_names_the_signal_and_a_silent_failure_has_no_colon():
+    with pytest.raises(CommandFailed, match=r"^killed by signal SIGTERM$"):
+        run_command(["sh", "-c", "kill -TERM $$"], TASK)
+    with pytest.raises(CommandFailed, match=r"^exit status 1$"):
+        run_command(["false"], TASK)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--queue", "q1"], "error: usage: Missing argument 'COMMAND...'."),
+    (["--", "true"], "error: usage: Missing option '--queue'."),
+    (["--queue", "q1", "--", "no-such-command-here"],
+     "error: usage: Invalid value for 'COMMAND': 'no-such-command-here' is not an "
+     "executable file or on PATH"),
+])
+def test_worker_usage_errors_are_one_line_and_exit_2(one, args, expected):
+    cluster, server = one
+    assert_one_error_line(run(server, "worker", *args, code=2), expected)
+    assert cluster.seen == []
+
+
+def start_worker(server: FakeServer, *args: str) -> subprocess.Popen:
+    """`schedctl worker` as a real process (it installs signal handlers, as in use)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "--server", server.url, "worker",
+                             *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(cluster: FakeCluster, run_id: str, state: str, proc: subprocess.Popen) -> dict:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and proc.poll() is None:
+        with cluster.lock:
+            if cluster.runs[run_id]["state"] == state:
+                return dict(cluster.runs[run_id])
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"run {run_id} never got to {state}: {proc.communicate()}")
+
+
+def stop(proc: subprocess.Popen) -> str:
+    """SIGTERM, as a service manager would: the worker drains and exits 0; its log."""
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 0, stderr
+    return stderr
+
+
+def test_worker_end_to_end_acks_on_exit_0_for_every_queue(one):
+    cluster, server = one
+    run(server, "create", "--id", "j1", "--every", "1h", "--queue", "q1", "--payload", '{"n": 1}')
+    run(server, "create", "--id", "j2", "--every", "1h", "--queue", "q2")
+    first, second = cluster.add_run("j1"), cluster.add_run("j2")
+    proc = start_worker(server, "--queue", "q1", "--queue", "q2", "--concurrency", "2",
+                        "--worker-id", "w-test", "--",
+                        "sh", "-c", 'cat; echo " $SCHEDULERD_RUN_ID $SCHEDULERD_FENCE"')
+    done = wait_for(cluster, first["run_id"], "succeeded", proc)
+    assert done["result"] == {"exit_code": 0, "stdout_tail": '{"n":1} 0-1-0 1\n'}
+    assert done["worker_id"] == "w-test"
+    done = wait_for(cluster, second["run_id"], "succeeded", proc)
+    assert done["result"] == {"exit_code": 0, "stdout_tail": "null 0-2-0 1\n"}
+    assert "task_acked run_id=0-1-0" in stop(proc)
+
+
+def test_worker_end_to_end_nacks_on_a_non_zero_exit(one):
+    cluster, server = one
+    run(server, "create", "--id", "j1", "--every", "1h", "--queue", "q1")
+    failing = cluster.add_run("j1")
+    proc = start_worker(server, "--queue", "q1", "--",
+                        "sh", "-c", "cat > /dev/null; echo disk full >&2; exit 3")
+    done = wait_for(cluster, failing["run_id"], "retry_wait", proc)
+    assert done["error"].startswith("CommandFailed: exit status 3: disk full\n")
+    assert "task_nacked run_id=0-1-0" in stop(proc)

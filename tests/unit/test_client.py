@@ -9,6 +9,7 @@ import pytest
 from schedulerd.client import Client
 from schedulerd.errors import (
     Conflict,
+    LimitExceeded,
     NotFound,
     OutcomeUnknown,
     SchedulerError,
@@ -256,3 +257,166 @@ def test_a_long_poll_may_outlast_the_request_timeout(one):
     # The fake holds an empty poll for wait_s; 0.3 s is more than the 0.1 s
     # a plain request gets from a 0.2 s timeout, so only wait_s + margin passes.
     assert Client(server.url, timeout_s=0.2).poll("w1", ["default"], wait_s=0.3) == {"tasks": []}
+
+
+# -- job changes: update, pause, resume, trigger ---------------------------------------
+
+def test_update_job_patches_only_the_given_fields(one):
+    cluster, server = one
+    client = Client(server.url)
+    client.create_job({"job_id": "j1", "schedule": AT, "priority": 1})
+    changes = {"priority": 5, "backoff": {"max_ms": 1000}}
+    job = client.update_job("j1", changes)
+    [patch] = cluster.requests("PATCH", "/v1/jobs/j1")
+    assert patch.body == changes
+    assert (job["priority"], job["backoff"], job["queue"]) == (5, {"max_ms": 1000}, "default")
+
+
+def test_update_of_a_missing_or_cancelled_job_raises_the_typed_error(one):
+    _, server = one
+    client = Client(server.url)
+    with pytest.raises(NotFound, match="no job 'nope'"):
+        client.update_job("nope", {"priority": 1})
+    client.create_job({"job_id": "j1", "schedule": AT})
+    client.cancel_job("j1")
+    with pytest.raises(Conflict, match="cancelled"):
+        client.update_job("j1", {"priority": 1})
+
+
+def test_pause_and_resume_are_posts_that_return_the_job(one):
+    cluster, server = one
+    client = Client(server.url)
+    client.create_job({"job_id": "j1", "schedule": AT})
+    assert client.pause_job("j1")["state"] == "paused"
+    assert client.pause_job("j1")["state"] == "paused"  # idempotent on the server
+    assert client.resume_job("j1")["state"] == "scheduled"
+    assert [s.path for s in cluster.seen if s.method == "POST"][1:] == [
+        "/v1/jobs/j1/pause", "/v1/jobs/j1/pause", "/v1/jobs/j1/resume"]
+    with pytest.raises(NotFound):
+        client.pause_job("a/b")
+    assert cluster.seen[-1].path == "/v1/jobs/a%2Fb/pause"
+
+
+def test_trigger_returns_the_new_run(one):
+    cluster, server = one
+    client = Client(server.url)
+    client.create_job({"job_id": "j1", "schedule": AT})
+    document = client.trigger_job("j1")
+    assert list(document) == ["run"]
+    assert document["run"] == cluster.runs[document["run"]["run_id"]]
+    assert document["run"]["trigger"] is True
+
+
+def test_trigger_is_retried_when_nothing_was_applied(one):
+    cluster, server = one
+    client = Client(server.url, timeout_s=2.0)
+    client.create_job({"job_id": "j1", "schedule": AT})
+    cluster.fail_next("POST", "/v1/jobs/j1/trigger", UNAVAILABLE)
+    client.trigger_job("j1")
+    assert len(cluster.requests("POST", "/v1/jobs/j1/trigger")) == 2
+    assert len(cluster.runs) == 1
+
+
+@pytest.mark.parametrize("fault", [DROP, OUTCOME_UNKNOWN])
+def test_trigger_is_not_resent_after_an_attempt_that_may_have_landed(one, fault):
+    cluster, server = one
+    client = Client(server.url, timeout_s=2.0)
+    client.create_job({"job_id": "j1", "schedule": AT})
+    cluster.fail_next("POST", "/v1/jobs/j1/trigger", fault)
+    with pytest.raises(OutcomeUnknown, match="job 'j1' may have been triggered"):
+        client.trigger_job("j1")
+    # One request, one run: a resend would have made a second extra run.
+    assert len(cluster.requests("POST", "/v1/jobs/j1/trigger")) == 1
+    assert len(cluster.runs) == 1
+
+
+# -- idempotent create -------------------------------------------------------------------
+
+def test_idempotency_key_goes_in_the_header_and_stays_in_the_body(one):
+    cluster, server = one
+    client = Client(server.url)
+    spec = {"schedule": AT, "idempotency_key": "nightly-2026-12-01"}
+    job = client.create_job(spec)
+    [post] = cluster.requests("POST", "/v1/jobs")
+    assert post.headers["Idempotency-Key"] == "nightly-2026-12-01"
+    assert post.body == spec  # no job_id generated: the server dedupes by key
+    # A second call, as from a re-run script, gets the same job back.
+    assert client.create_job(spec) == job
+    assert list(cluster.jobs) == [job["job_id"]]
+
+
+def test_create_without_a_key_sends_no_idempotency_header(one):
+    cluster, server = one
+    Client(server.url).create_job({"schedule": AT})
+    assert "Idempotency-Key" not in cluster.requests("POST", "/v1/jobs")[0].headers
+
+
+def test_create_with_a_key_after_a_dropped_connection_returns_the_first_job(one):
+    cluster, server = one
+    cluster.fail_next("POST", "/v1/jobs", DROP)
+    job = Client(server.url, timeout_s=2.0).create_job({"schedule": AT, "idempotency_key": "k"})
+    assert len(cluster.requests("POST", "/v1/jobs")) == 2
+    assert list(cluster.jobs) == [job["job_id"]]
+
+
+def test_create_with_a_reused_key_and_another_body_is_a_conflict(one):
+    _, server = one
+    client = Client(server.url)
+    client.create_job({"schedule": AT, "idempotency_key": "k"})
+    with pytest.raises(Conflict, match="idempotency key 'k'"):
+        client.create_job({"schedule": AT, "idempotency_key": "k", "priority": 3})
+
+
+def test_create_with_a_key_that_never_gets_an_answer_says_to_retry_with_the_key(one):
+    cluster, server = one
+    cluster.fail_next("POST", "/v1/jobs", OUTCOME_UNKNOWN, times=1000)
+    with pytest.raises(OutcomeUnknown, match="idempotency_key 'k' may have been created"):
+        Client(server.url, timeout_s=0.3).create_job({"schedule": AT, "idempotency_key": "k"})
+
+
+# -- dead letters and preview --------------------------------------------------------------
+
+def test_dead_letters_filter_page_and_retry(one):
+    cluster, server = one
+    client = Client(server.url)
+    client.create_job({"job_id": "j1", "schedule": AT, "queue": "q1"})
+    client.create_job({"job_id": "j2", "schedule": AT, "queue": "q2"})
+    first = cluster.add_run("j1", state="dead_letter", reason="max_attempts", error="boom")
+    cluster.add_run("j1", state="succeeded")
+    third = cluster.add_run("j2", state="dead_letter", reason="timeout")
+    page = client.dead_letters(limit=1)
+    assert (page["runs"], page["next_cursor"]) == ([first], first["run_id"])
+    assert client.dead_letters(cursor=page["next_cursor"])["runs"] == [third]
+    assert client.dead_letters(queue="q2")["runs"] == [third]
+    assert cluster.requests("GET", "/v1/dead-letter")[-1].query == {"queue": "q2", "limit": "100"}
+    assert client.retry_run(first["run_id"])["run"]["state"] == "queued"
+    with pytest.raises(Conflict, match="not dead_letter"):
+        client.retry_run(first["run_id"])
+
+
+def test_retry_run_after_a_dropped_connection_returns_the_run(one):
+    cluster, server = one
+    client = Client(server.url, timeout_s=2.0)
+    client.create_job({"job_id": "j1", "schedule": AT})
+    run = cluster.add_run("j1", state="dead_letter")
+    cluster.fail_next("POST", f"/v1/runs/{run['run_id']}/retry", DROP)
+    # The first attempt re-drove it; the second gets 409, the client fetches the run.
+    assert client.retry_run(run["run_id"])["run"]["state"] == "queued"
+
+
+def test_preview_sends_only_the_given_parameters(one):
+    cluster, server = one
+    client = Client(server.url)
+    document = client.preview(cron="30 1 * * *", timezone="America/New_York", n=3)
+    assert document == {"fire_times": ["2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z",
+                                       "2026-01-01T00:03:00Z"]}
+    client.preview(every="90s")
+    assert [s.query for s in cluster.requests("GET", "/v1/preview")] == [
+        {"cron": "30 1 * * *", "timezone": "America/New_York", "n": "3"},
+        {"every": "90s", "n": "10"}]
+
+
+def test_preview_over_the_limit_raises_limit_exceeded(one):
+    _, server = one
+    with pytest.raises(LimitExceeded, match="preview_n_max"):
+        Client(server.url).preview(every="1s", n=101)

@@ -1,0 +1,141 @@
+"""The job flags `create` and `update` share, and turning them into the JSON
+fields of docs/api.md. Everything here runs before any request: a bad flag is
+a usage error (exit 2) and nothing is sent."""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Mapping, TypeVar
+
+import click
+
+from schedulerd import timefmt
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+MISFIRE_POLICIES = ("fire_all", "fire_once", "skip")
+OVERLAP_POLICIES = ("allow", "skip", "buffer_one")
+# flag's parameter name -> field name on the wire, for the options sent as they are.
+PLAIN_FIELDS = {
+    "job_id": "job_id", "queue": "queue", "max_attempts": "max_attempts",
+    "priority": "priority", "misfire": "misfire_policy", "catchup_limit": "catchup_limit",
+    "starting_deadline": "starting_deadline_s", "overlap": "overlap_policy",
+    "timeout_s": "timeout_s", "jitter_s": "jitter_s", "history_limit": "history_limit",
+    "idempotency_key": "idempotency_key",
+}
+# Parts of `backoff`; only the given ones are sent, the server fills the rest
+# (create) or keeps them (update).
+BACKOFF_PARTS = {"backoff_base_ms": "base_ms", "backoff_factor": "factor",
+                 "backoff_max_ms": "max_ms"}
+
+
+def job_options(*, for_create: bool) -> Callable[[F], F]:
+    """The flags of `create` (for_create) or `update`; ranges are docs/api.md's."""
+    options = [
+        click.option("--at", metavar="ISO8601", help="Fire once at this time (with Z or an offset)."),
+        click.option("--cron", metavar="EXPR", help="Fire on this cron expression (5 or 6 fields)."),
+        click.option("--tz", metavar="ZONE", help="Time zone of --cron, e.g. Europe/Berlin [UTC]."),
+        click.option("--every", metavar="DURATION", help="Fire at this interval, e.g. 30s, 5m, 1h."),
+        click.option("--queue", default="default" if for_create else None,
+                     show_default=for_create),
+        click.option("--payload", metavar="JSON|@FILE", help="JSON payload, or @FILE to read it."),
+    ]
+    if for_create:
+        options.append(click.option("--id", "job_id", metavar="JOB_ID",
+                                    help="Job id (generated when absent)."))
+    options += [
+        click.option("--max-attempts", type=click.IntRange(1, 100), metavar="N"),
+        click.option("--priority", type=click.IntRange(0, 9), metavar="0-9",
+                     help="9 is served first."),
+        click.option("--misfire", type=click.Choice(MISFIRE_POLICIES),
+                     help="Occurrences missed while the cluster was down [fire_once]."),
+        click.option("--catchup-limit", type=click.IntRange(1, 10_000), metavar="N",
+                     help="Missed occurrences considered [100]."),
+        click.option("--starting-deadline", type=click.IntRange(1, 604_800), metavar="SECONDS",
+                     help="Skip a run that would start later than this after its time."),
+        click.option("--overlap", type=click.Choice(OVERLAP_POLICIES),
+                     help="A new occurrence while a run is queued or running [allow]."),
+        click.option("--backoff-base-ms", type=click.IntRange(1, 3_600_000), metavar="MS",
+                     help="First retry delay [1000]."),
+        click.option("--backoff-factor", type=click.FloatRange(1, 10), metavar="X",
+                     help="Delay multiplier per retry [2.0]."),
+        click.option("--backoff-max-ms", type=click.IntRange(1, 86_400_000), metavar="MS",
+                     help="Longest retry delay [300000]."),
+        click.option("--timeout-s", type=click.IntRange(1, 86_400), metavar="SECONDS",
+                     help="Hard cap on one attempt."),
+        click.option("--jitter-s", type=click.IntRange(0, 86_400), metavar="SECONDS",
+                     help="Start each occurrence up to this much later [0]."),
+        click.option("--history-limit", type=click.IntRange(1, 10_000), metavar="N",
+                     help="Finished runs kept [100]."),
+    ]
+    if for_create:
+        options.append(click.option("--idempotency-key", metavar="KEY",
+                                    help="A repeat with this key returns the first job."))
+
+    def apply(fn: F) -> F:
+        for option in reversed(options):  # click lists options in decorator order
+            fn = option(fn)
+        return fn
+
+    return apply
+
+
+def job_fields(flags: Mapping[str, Any], *, schedule_required: bool) -> dict[str, Any]:
+    """The given flags as job fields; flags left out are left out of the body."""
+    fields: dict[str, Any] = {}
+    schedule = _schedule(flags["at"], flags["cron"], flags["tz"], flags["every"],
+                         required=schedule_required)
+    if schedule is not None:
+        fields["schedule"] = schedule
+    if flags["payload"] is not None:
+        fields["payload"] = _payload(flags["payload"])  # may be JSON null: still sent
+    for name, field in PLAIN_FIELDS.items():
+        if flags.get(name) is not None:
+            fields[field] = flags[name]
+    backoff = {part: flags[name] for name, part in BACKOFF_PARTS.items()
+               if flags[name] is not None}
+    if backoff:
+        fields["backoff"] = backoff
+    return fields
+
+
+def _schedule(at: str | None, cron: str | None, tz: str | None, every: str | None,
+              *, required: bool) -> dict[str, str] | None:
+    given = [flag for flag, value in (("--at", at), ("--cron", cron), ("--every", every))
+             if value is not None]
+    if len(given) > 1 or (required and not given):
+        got = f" (got {' and '.join(given)})" if given else ""
+        raise click.UsageError(f"give exactly one of --at, --cron, --every{got}")
+    if tz is not None and cron is None:
+        raise click.UsageError("--tz applies only to --cron")
+    if cron is not None:
+        return {"cron": cron, "timezone": tz or "UTC"}
+    if every is not None:
+        return {"every": every}
+    if at is None:
+        return None
+    try:
+        # Sent as UTC: the wire format is UTC, and a naive time is refused here
+        # rather than guessed in some zone.
+        return {"at": str(timefmt.to_iso(timefmt.from_iso(at)))}
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--at'") from None
+
+
+def _payload(text: str) -> Any:
+    """The JSON given inline, or read from the file named after '@' ('@-': stdin)."""
+    source = ""
+    if text.startswith("@"):
+        path = text[1:]
+        source = f"{path!r} is "
+        try:
+            with click.open_file(path, "r", encoding="utf-8") as file:
+                text = file.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise click.BadParameter(f"cannot read {path!r}: {reason}",
+                                     param_hint="'--payload'") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"{source}not valid JSON: {exc}",
+                                 param_hint="'--payload'") from None

@@ -1,0 +1,66 @@
+"""`schedctl` commands on runs and schedules: runs, dead-letter list|retry, preview."""
+from __future__ import annotations
+
+import click
+
+from cli.output import dead_letters_table, more_hint, preview_table, run_fields, runs_table
+from cli.session import OneLineGroup, Session
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.pass_obj
+def runs(session: Session, job_id: str, limit: int) -> None:
+    """List a job's runs, oldest first."""
+    page = session.client.job_runs(job_id, limit=limit)
+    session.show(page, runs_table)
+    if not session.as_json:
+        more_hint(page, "runs")
+
+
+@click.group("dead-letter", cls=OneLineGroup)
+def dead_letter() -> None:
+    """Runs that used up their attempts: list them, re-drive one."""
+
+
+@dead_letter.command("list")
+@click.option("--queue", help="Only this queue.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.pass_obj
+def dead_letter_list(session: Session, queue: str | None, limit: int) -> None:
+    """List dead-lettered runs, oldest first."""
+    page = session.client.dead_letters(queue=queue, limit=limit)
+    session.show(page, dead_letters_table)
+    if not session.as_json:
+        more_hint(page, "dead letters")
+
+
+@dead_letter.command("retry")
+@click.argument("run_id")
+@click.pass_obj
+def dead_letter_retry(session: Session, run_id: str) -> None:
+    """Queue a dead-lettered run again, with a fresh set of attempts."""
+    session.show(session.client.retry_run(run_id), run_fields)
+
+
+@click.command()
+@click.argument("cron", required=False)
+@click.option("--tz", metavar="ZONE", help="Time zone of CRON, e.g. Europe/Berlin [UTC].")
+@click.option("--every", metavar="DURATION", help="Preview an interval instead, e.g. 90s.")
+@click.option("-n", "count", type=click.IntRange(min=1), default=10, show_default=True,
+              help="How many fire times (the server allows up to 100).")
+@click.pass_obj
+def preview(session: Session, cron: str | None, tz: str | None, every: str | None,
+            count: int) -> None:
+    """Show the next fire times of "CRON" (or --every DURATION) from now, as the
+    server computes them, DST rules included. Creates nothing."""
+    if (cron is None) == (every is None):
+        raise click.UsageError('give exactly one of "CRON" or --every DURATION')
+    if tz is not None and cron is None:
+        raise click.UsageError("--tz applies only to CRON")
+    document = session.client.preview(cron=cron, timezone=tz, every=every, n=count)
+    session.show(document, lambda doc: preview_table(doc, tz))
+
+
+COMMANDS = (runs, dead_letter, preview)

@@ -1,0 +1,153 @@
+"""`schedctl worker`: run a shell command for each task, the way a crontab line
+runs a command at its time, with schedulerd's at-least-once delivery, leases,
+retries and dead letters around it.
+
+The command gets the task's payload as JSON on stdin and the task's identity in
+the environment; exit status 0 acks the run, anything else nacks it (and so
+retries it with backoff until max_attempts, then dead-letters it)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from typing import IO, Any, Sequence
+
+import click
+
+from cli.session import Session
+from schedulerd import timefmt
+from schedulerd.worker import Task, Worker
+
+# Kept of the command's stdout for the ack result; well under result_bytes_max (16 KiB).
+STDOUT_TAIL_BYTES = 2048
+# Kept of stderr for the nack error. The SDK keeps the first 1 KiB of an error's
+# message line, so the tail must fit in it with the "CommandFailed: exit status N: " lead.
+STDERR_TAIL_BYTES = 960
+_READ_BYTES = 64 * 1024
+
+
+class CommandFailed(Exception):
+    """The task's command exited non-zero or was killed; the message is what the nack says."""
+
+
+def task_env(task: Task) -> dict[str, str]:
+    """The variables a task's command finds in its environment, besides the worker's own."""
+    return {
+        "SCHEDULERD_RUN_ID": task.run_id,
+        "SCHEDULERD_JOB_ID": task.job_id,
+        "SCHEDULERD_QUEUE": task.queue,
+        "SCHEDULERD_IDEMPOTENCY_KEY": task.idempotency_key,
+        "SCHEDULERD_ATTEMPT": str(task.attempt),
+        "SCHEDULERD_SCHEDULED_TIME": str(timefmt.to_iso(timefmt.from_datetime(task.scheduled_time))),
+        "SCHEDULERD_FENCE": str(task.fence),
+    }
+
+
+def run_command(command: Sequence[str], task: Task) -> dict[str, Any]:
+    """Run `command` for one task: the ack result on exit 0, CommandFailed otherwise."""
+    stdin = json.dumps(task.payload, separators=(",", ":")).encode()
+    proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, **task_env(task)})
+    assert proc.stdin and proc.stdout and proc.stderr  # all three were asked for as pipes
+    # One thread per pipe: a command that fills stderr while we wait on stdout (or
+    # never reads its stdin) must not deadlock, and only the tails are kept.
+    tails = [bytearray(), bytearray()]
+    threads = [threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True),
+               threading.Thread(target=_keep_tail, args=(proc.stdout, tails[0], STDOUT_TAIL_BYTES),
+                                daemon=True),
+               threading.Thread(target=_keep_tail, args=(proc.stderr, tails[1], STDERR_TAIL_BYTES),
+                                daemon=True)]
+    for thread in threads:
+        thread.start()
+    code = proc.wait()
+    for thread in threads:
+        thread.join()
+    stdout_tail, stderr_tail = (_text(tail) for tail in tails)
+    if code == 0:
+        return {"exit_code": 0, "stdout_tail": stdout_tail}
+    raise CommandFailed(f"{_exit_text(code)}: {stderr_tail}" if stderr_tail else _exit_text(code))
+
+
+def _feed(pipe: IO[bytes], data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except BrokenPipeError:
+        pass  # the command did not read its payload: its choice, not a failure
+    finally:
+        try:
+            pipe.close()
+        except BrokenPipeError:
+            pass
+
+
+def _keep_tail(pipe: IO[bytes], tail: bytearray, bytes_max: int) -> None:
+    while chunk := pipe.read1(_READ_BYTES):  # type: ignore[attr-defined]
+        tail += chunk
+        del tail[:-bytes_max]
+    pipe.close()
+
+
+def _text(tail: bytearray) -> str:
+    # The cut may split a UTF-8 sequence at the front: drop the broken character.
+    return bytes(tail).decode("utf-8", errors="ignore")
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+@click.command(context_settings={"allow_interspersed_args": False})
+@click.option("--queue", "queues", multiple=True, required=True, metavar="QUEUE",
+              help="Queue to take tasks from; repeat for more.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Commands running at once.")
+@click.option("--worker-id", metavar="ID", help="Name in leases and logs [host-pid-random].")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+def worker(session: Session, queues: tuple[str, ...], concurrency: int,
+           worker_id: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND for every task of the given queues, until SIGINT or SIGTERM.
+
+    \b
+    COMMAND gets the task's payload as JSON on stdin, and in its environment
+    SCHEDULERD_RUN_ID, SCHEDULERD_JOB_ID, SCHEDULERD_QUEUE, SCHEDULERD_ATTEMPT,
+    SCHEDULERD_SCHEDULED_TIME (ISO 8601 UTC), SCHEDULERD_FENCE and
+    SCHEDULERD_IDEMPOTENCY_KEY (the same on every retry of one occurrence: the
+    key to dedupe on, since a run may be delivered more than once).
+    Exit status 0 acks the run with the last 2 KiB of stdout; anything else
+    nacks it with the exit status and the last part of stderr, so it is retried
+    with backoff and dead-lettered after max_attempts.
+
+    \b
+    A crontab line such as
+        30 2 * * *  /usr/local/bin/backup --full
+    becomes a job and a worker:
+        schedctl create --id backup --cron '30 2 * * *' --tz Europe/Berlin --queue backups
+        schedctl worker --queue backups -- /usr/local/bin/backup --full
+    Put `--` before COMMAND when it has options of its own.
+    """
+    if shutil.which(command[0]) is None:
+        raise click.BadParameter(f"{command[0]!r} is not an executable file or on PATH",
+                                 param_hint="'COMMAND'")
+    try:
+        runner = Worker(list(session.servers), worker_id=worker_id, concurrency=concurrency)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+    def handle(task: Task) -> dict[str, Any]:
+        return run_command(command, task)
+
+    for queue in queues:
+        runner.handler(queue)(handle)
+    # The SDK logs each task (started, acked, nacked) and lease trouble: show them.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    runner.run()

@@ -1,0 +1,132 @@
+"""GET /v1/preview (schedulerd/routes_preview.py) on aiohttp's test server, with a
+stub node: a fixed clock and the default limits, no Raft."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from schedulerd import api, routes_preview
+from schedulerd.limits import Limits
+from schedulerd.timefmt import from_iso
+
+NOW = "2026-10-31T12:00:00Z"
+
+
+class FixedClock:
+    def __init__(self, now: str) -> None:
+        self.now = from_iso(now)
+
+    def now_us(self) -> int:
+        return self.now
+
+
+def stub_node(now: str = NOW) -> SimpleNamespace:
+    return SimpleNamespace(clock=FixedClock(now), config=SimpleNamespace(limits=Limits()))
+
+
+def get(query: dict[str, Any] | str, now: str = NOW) -> tuple[int, Any]:
+    """One GET /v1/preview against a fresh app: (status, JSON body)."""
+
+    async def go() -> tuple[int, Any]:
+        app = web.Application(middlewares=[api.errors_middleware])
+        app.add_routes(routes_preview.routes(stub_node(now)))
+        async with TestClient(TestServer(app)) as client:
+            path = f"/v1/preview?{query}" if isinstance(query, str) else "/v1/preview"
+            params = None if isinstance(query, str) else query
+            resp = await client.get(path, params=params)
+            return resp.status, await resp.json()
+
+    return asyncio.run(go())
+
+
+def fire_times(query: dict[str, Any], now: str = NOW) -> list[str]:
+    status, body = get(query, now)
+    assert status == 200, body
+    assert list(body) == ["fire_times"]
+    return body["fire_times"]
+
+
+def error(query: dict[str, Any] | str) -> tuple[int, str, str]:
+    status, body = get(query)
+    return status, body["error"]["code"], body["error"]["message"]
+
+
+# -- answers --------------------------------------------------------------------------
+
+def test_cron_in_a_zone_follows_the_dst_rules():
+    # 30 1 * * * in New York: once on the fall-back night, at 01:30 EDT.
+    assert fire_times({"cron": "30 1 * * *", "timezone": "America/New_York", "n": 3}) == [
+        "2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z", "2026-11-03T06:30:00Z"]
+
+
+def test_defaults_are_ten_fire_times_in_utc():
+    times = fire_times({"cron": "0 2 * * *"})
+    assert len(times) == 10
+    assert times[:2] == ["2026-11-01T02:00:00Z", "2026-11-02T02:00:00Z"]
+
+
+def test_six_field_cron_has_seconds():
+    assert fire_times({"cron": "*/20 * * * * *", "n": 3}) == [
+        "2026-10-31T12:00:20Z", "2026-10-31T12:00:40Z", "2026-10-31T12:01:00Z"]
+
+
+def test_every_counts_from_now():
+    assert fire_times({"every": "1h30m", "n": 2}) == ["2026-10-31T13:30:00Z", "2026-10-31T15:00:00Z"]
+    assert fire_times({"every": "250ms1s", "n": 1}, now="2026-10-31T12:00:00.5Z") == [
+        "2026-10-31T12:00:01.750000Z"]
+
+
+def test_limit_bounds_are_accepted():
+    assert len(fire_times({"every": "1s", "n": 100})) == 100
+    assert len(fire_times({"every": "1s", "n": 1})) == 1
+
+
+def test_a_cron_that_never_matches_has_no_fire_times():
+    assert fire_times({"cron": "0 0 30 2 *"}) == []
+
+
+# -- errors ---------------------------------------------------------------------------
+
+def test_n_over_the_limit_names_the_limit():
+    assert error({"every": "1s", "n": 101}) == (
+        400, "limit_exceeded", "n=101 is over preview_n_max (100)")
+
+
+@pytest.mark.parametrize("n", ["0", "-3", "ten", ""])
+def test_bad_n_is_invalid(n):
+    status, code, message = error({"every": "1s", "n": n})
+    assert (status, code) == (400, "invalid_job")
+    assert message.startswith("n must be an integer from 1 to 100")
+
+
+@pytest.mark.parametrize("query, message", [
+    ({}, "give exactly one of cron=EXPR (with optional timezone=ZONE) or every=DURATION"),
+    ({"cron": "* * * * *", "every": "5s"}, "give exactly one of cron=EXPR"),
+    ({"timezone": "UTC"}, "give exactly one of cron=EXPR"),
+    ({"every": "5s", "timezone": "UTC"}, "timezone applies only to cron"),
+    ({"cron": "0 2 * * *", "tz": "Europe/Berlin"},
+     "unknown query parameter(s): tz; allowed: cron, every, n, timezone"),
+    ({"cron": "0 25 * * *"}, "schedule: cron '0 25 * * *' is not a valid expression"),
+    ({"cron": "0 2 * *"}, "schedule: cron '0 2 * *' has 4 fields"),
+    ({"cron": ""}, "schedule: cron must be a non-empty string"),
+    ({"cron": "0 2 * * *", "timezone": "Mars/Olympus"}, "schedule: unknown time zone 'Mars/Olympus'"),
+    ({"every": "5 minutes"}, "schedule.every '5 minutes' is not a duration"),
+    ({"every": "0s"}, "schedule.every '0s' must be between 1s and 366d"),
+])
+def test_bad_schedules_are_invalid_job_with_a_clear_message(query, message):
+    status, code, text = error(query)
+    assert (status, code) == (400, "invalid_job")
+    assert text.startswith(message), text
+
+
+# -- wiring -----------------------------------------------------------------------------
+
+def test_make_app_serves_the_preview_route():
+    app = api.make_app(stub_node(), leases=None)  # type: ignore[arg-type]
+    paths = {getattr(r.resource, "canonical", None) for r in app.router.routes()}
+    assert "/v1/preview" in paths
