@@ -98,8 +98,12 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
     return spec
 
 
-def parse_options(raw: dict[str, Any], now_us: int, limits: Limits) -> dict[str, Any]:
-    """The storage form of each option present in raw (create fills the rest from JOB_DEFAULTS)."""
+def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
+                  backoff_base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The storage form of each option present in raw (create fills the rest from JOB_DEFAULTS).
+
+    A partial `backoff` is completed from backoff_base (an update passes the job's
+    current backoff, so changing one part keeps the others)."""
     out: dict[str, Any] = {}
     if "schedule" in raw:
         out["schedule"] = parse_schedule(raw["schedule"], now_us)
@@ -128,15 +132,15 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits) -> dict[str,
                 continue
             out[field] = int(_number_in(raw[name], name, low, high) * US)
     if "backoff" in raw:
-        out["backoff"] = _backoff(raw["backoff"])
+        out["backoff"] = _backoff(raw["backoff"], backoff_base or JOB_DEFAULTS["backoff"])
     return out
 
 
-def _backoff(raw: Any) -> dict[str, Any]:
+def _backoff(raw: Any, base: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InvalidJob("backoff must be an object {base_ms, factor, max_ms}")
     _only(raw, {"base_ms", "factor", "max_ms"}, "backoff")
-    b = dict(JOB_DEFAULTS["backoff"])
+    b = dict(base)
     if "base_ms" in raw:
         b["base_ms"] = _int_in(raw["base_ms"], "backoff.base_ms", 1, 3_600_000)
     if "factor" in raw:

@@ -37,6 +37,8 @@ class Limits:
     list_scan_max: int = 10_000
     # Waiting long-polls per node.
     poll_waiters_max: int = 10_000
+    # Fire times in one GET /v1/preview (computed inline on the event loop).
+    preview_n_max: int = 100
     # Below this much free space on the data directory, the node refuses writes (503).
     disk_free_bytes_min: int = 64 * 1024 * 1024
 

@@ -35,7 +35,8 @@ def routes(node: Node) -> list[web.RouteDef]:
                                  f"{', '.join(sorted(jobspec.OPTION_FIELDS))}")
         if not raw:
             raise InvalidRequest("nothing to update: send at least one field")
-        changes = jobspec.parse_options(raw, node.clock.now_us(), limits)
+        current = _job_record(node, job_id)
+        changes = jobspec.parse_options(raw, node.clock.now_us(), limits, backoff_base=current["backoff"])
         await _job_command(node, Op.UPDATE_JOB, job_id, {"changes": changes})
         return web.json_response(_job_view(node, job_id))
 
@@ -196,12 +197,16 @@ def _dead_letter_cursor(raw: str | None) -> tuple[int, str] | None:
     return int(head), run_id
 
 
-def _job_view(node: Node, job_id: str) -> dict[str, Any]:
+def _job_record(node: Node, job_id: str) -> dict[str, Any]:
     with node.read(node.group_of_job(job_id)) as (txn, tables):
         rec = queries.get_job(txn, tables, job_id)
     if rec is None:
         raise NotFound(f"no job {job_id!r}")
-    return views.job(rec)
+    return rec
+
+
+def _job_view(node: Node, job_id: str) -> dict[str, Any]:
+    return views.job(_job_record(node, job_id))
 
 
 def _merge_cursor(jobs: list[dict[str, Any]], limit: int, cursors: list[str | None]) -> str | None:

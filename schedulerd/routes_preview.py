@@ -4,7 +4,7 @@ machine will compute them (storage/cron.py), without creating anything.
 Reads no Raft state: any node answers, leader or not, with its own clock."""
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -12,28 +12,19 @@ from schedulerd import jobspec, timefmt
 from schedulerd.errors import InvalidJob, LimitExceeded
 from storage import cron
 
-# Most fire times one preview returns (docs/api.md: n 1..100). A preview is
-# computed inline on the event loop, so this also bounds the time it takes.
-PREVIEW_N_MAX = 100
+if TYPE_CHECKING:
+    from schedulerd.node import Node
+
 PREVIEW_N_DEFAULT = 10
 QUERY_PARAMS = frozenset({"cron", "timezone", "every", "n"})
 
 
-class _Clock(Protocol):
-    def now_us(self) -> int: ...
+def routes(node: "Node") -> list[web.RouteDef]:
+    n_max = node.config.limits.preview_n_max
 
-
-class _PreviewNode(Protocol):
-    """All the route needs of a node: its clock."""
-
-    @property
-    def clock(self) -> _Clock: ...
-
-
-def routes(node: _PreviewNode) -> list[web.RouteDef]:
     async def preview(request: web.Request) -> web.Response:
         query = dict(request.query)
-        n = _count(query)
+        n = _count(query, n_max)
         now_us = node.clock.now_us()  # one reading: an every interval is anchored at it
         schedule = jobspec.parse_schedule(_schedule_spec(query), now_us)
         fire_times = cron.preview(schedule, now_us, n)
@@ -63,16 +54,16 @@ def _schedule_spec(query: dict[str, str]) -> dict[str, Any]:
     return spec
 
 
-def _count(query: dict[str, str]) -> int:
+def _count(query: dict[str, str], n_max: int) -> int:
     raw = query.get("n")
     if raw is None:
-        return PREVIEW_N_DEFAULT
+        return min(PREVIEW_N_DEFAULT, n_max)
     try:
         n = int(raw)
     except ValueError:
-        raise InvalidJob(f"n must be an integer from 1 to {PREVIEW_N_MAX}, got {raw!r}") from None
-    if n > PREVIEW_N_MAX:
-        raise LimitExceeded(f"n={n} is over preview_n_max ({PREVIEW_N_MAX})")
+        raise InvalidJob(f"n must be an integer from 1 to {n_max}, got {raw!r}") from None
+    if n > n_max:
+        raise LimitExceeded(f"n={n} is over preview_n_max ({n_max})")
     if n < 1:
-        raise InvalidJob(f"n must be an integer from 1 to {PREVIEW_N_MAX}, got {n}")
+        raise InvalidJob(f"n must be an integer from 1 to {n_max}, got {n}")
     return n

@@ -52,6 +52,9 @@ def test_pause_resume_update_trigger_cancel(make_cluster) -> None:
 
     status, updated = http("PATCH", node.url + "/v1/jobs/rep", {"schedule": {"every": "1h"}, "priority": 7})
     assert status == 200 and updated["priority"] == 7 and updated["schedule"] == {"every": "1h"}
+    status, b1 = http("PATCH", node.url + "/v1/jobs/rep", {"backoff": {"factor": 3}})
+    status, b2 = http("PATCH", node.url + "/v1/jobs/rep", {"backoff": {"base_ms": 500}})
+    assert status == 200 and b2["backoff"] == {"base_ms": 500, "factor": 3.0, "max_ms": 300000}
     status, err = http("PATCH", node.url + "/v1/jobs/rep", {"job_id": "other"})
     assert status == 400 and "job_id" in err["error"]["message"]
 
