@@ -12,6 +12,7 @@ from typing import Any
 
 from raft.group import Group
 from schedulerd import views
+from schedulerd.coalescer import Coalescer
 from schedulerd.errors import LimitExceeded
 from schedulerd.node import Node
 from storage import queries
@@ -30,6 +31,14 @@ class LeaseQueue:
         self.leased = 0
         self._in_flight: set[str] = set()
         self._rounds = 0
+
+        def lease_term() -> dict[str, Any]:
+            now = node.clock.now_us()
+            return {"now": now, "lease_until": now + int(node.config.lease_s * US)}
+
+        # Polls waiting at once on this node share LEASE_BATCH entries.
+        self._grants = Coalescer(node.propose, Op.LEASE_BATCH, "grants", "grants",
+                                 node.config.limits.lease_entry_runs_max, lease_term, weight=lambda g: len(g[1]))
 
     async def poll(self, worker_id: str, queues: list[str], max_tasks: int, wait_s: float) -> list[dict[str, Any]]:
         limits = self.node.config.limits
@@ -84,13 +93,8 @@ class LeaseQueue:
         run_ids = [run_id for _, run_id in candidates]
         self._in_flight.update(run_ids)
         try:
-            result = await self.node.propose(group, Op.LEASE_BATCH, {
-                "now": now,
-                "lease_until": now + int(self.node.config.lease_s * US),
-                "grants": [[worker_id, run_ids]],
-            })
+            ((_, granted),) = await self._grants.submit(group, [[worker_id, run_ids]])
         finally:
             self._in_flight.difference_update(run_ids)
-        granted = result["grants"][0][1]
         self.leased += len(granted)
         return [views.task(t) for t in granted]

@@ -25,7 +25,9 @@ class Limits:
     scan_batch_max: int = 2000
     # Runs leased in one Raft entry and tasks in one poll response.
     lease_batch_max: int = 100
-    # Acks or heartbeats in one batch request.
+    # Runs leased in one Raft entry across the polls that share it.
+    lease_entry_runs_max: int = 1000
+    # Acks or heartbeats in one batch request, and in one Raft entry.
     ack_batch_max: int = 500
     # Expired leases requeued in one Raft entry.
     expire_batch_max: int = 500

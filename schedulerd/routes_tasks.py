@@ -8,6 +8,7 @@ from aiohttp import web
 from raft.group import Group
 from schedulerd import request as req, views
 from schedulerd.errors import InvalidRequest, NotFound, from_wire
+from schedulerd.coalescer import Coalescer
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.node import Node
 from schedulerd.timefmt import to_iso
@@ -18,6 +19,7 @@ US = 1_000_000
 
 def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
     limits = node.config.limits
+    commits = TaskCommits(node)
 
     async def poll(request: web.Request) -> web.Response:
         data = await req.body(request)
@@ -34,7 +36,7 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
 
     async def heartbeat_one(request: web.Request) -> web.Response:
         data = await req.body(request)
-        result = (await _heartbeat(node, req.string(data, "worker_id", max_len=128),
+        result = (await _heartbeat(node, commits, req.string(data, "worker_id", max_len=128),
                                    [(request.match_info["run_id"], req.fence(data))]))[0]
         if not result["ok"]:
             raise from_wire(result["error"]["code"], result["error"]["message"])
@@ -45,12 +47,12 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         worker_id = req.string(data, "worker_id", max_len=128)
         raw = req.items(data, "leases", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
         pairs = [(req.string(item, "run_id"), req.fence(item)) for item in _objects(raw, "leases")]
-        return web.json_response({"results": await _heartbeat(node, worker_id, pairs)})
+        return web.json_response({"results": await _heartbeat(node, commits, worker_id, pairs)})
 
     async def ack_one(request: web.Request) -> web.Response:
         data = await req.body(request)
         item = (request.match_info["run_id"], req.fence(data), req.result_json(data, limits.result_bytes_max))
-        result = (await _ack(node, req.string(data, "worker_id", max_len=128), [item]))[0]
+        result = (await _ack(node, commits, req.string(data, "worker_id", max_len=128), [item]))[0]
         if not result["ok"]:
             raise from_wire(result["error"]["code"], result["error"]["message"])
         return web.json_response({"run": result["run"]})
@@ -61,7 +63,7 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         raw = req.items(data, "acks", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
         acks = [(req.string(item, "run_id"), req.fence(item), req.result_json(item, limits.result_bytes_max))
                 for item in _objects(raw, "acks")]
-        results = await _ack(node, worker_id, acks)
+        results = await _ack(node, commits, worker_id, acks)
         return web.json_response({"results": [{k: v for k, v in r.items() if k != "run"} for r in results]})
 
     async def nack(request: web.Request) -> web.Response:
@@ -115,26 +117,38 @@ def _item_result(r: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": r["run_id"], "ok": False, "error": {"code": r["code"], "message": r["message"]}}
 
 
-async def _heartbeat(node: Node, worker_id: str, pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
-    now = node.clock.now_us()
+class TaskCommits:
+    """Acks and heartbeats of all workers on this node, coalesced into Raft entries."""
+
+    def __init__(self, node: Node) -> None:
+        def lease_extension() -> dict[str, Any]:
+            now = node.clock.now_us()
+            return {"now": now, "lease_until": now + int(node.config.lease_s * US)}
+
+        batch = node.config.limits.ack_batch_max
+        self.acks = Coalescer(node.propose, Op.ACK, "acks", "results", batch)
+        self.heartbeats = Coalescer(node.propose, Op.HEARTBEAT, "leases", "results", batch, lease_extension)
+
+
+async def _heartbeat(node: Node, commits: TaskCommits, worker_id: str,
+                     pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{}] * len(pairs)
     for group_id, positions in _by_group(node, pairs).items():
-        result = await node.propose(node.groups[group_id], Op.HEARTBEAT, {
-            "now": now, "worker_id": worker_id, "lease_until": now + int(node.config.lease_s * US),
-            "leases": [list(pairs[p]) for p in positions]})
-        for position, r in zip(positions, result["results"]):
+        results = await commits.heartbeats.submit(node.groups[group_id],
+                                                  [[*pairs[p], worker_id] for p in positions])
+        for position, r in zip(positions, results):
             out[position] = _item_result(r)
             if r["ok"]:
                 out[position]["lease_until"] = to_iso(r["lease_until_us"])
     return out
 
 
-async def _ack(node: Node, worker_id: str, acks: list[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
+async def _ack(node: Node, commits: TaskCommits, worker_id: str,
+               acks: list[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{}] * len(acks)
     for group_id, positions in _by_group(node, acks).items():
-        result = await node.propose(node.groups[group_id], Op.ACK,
-                                    {"worker_id": worker_id, "acks": [list(acks[p]) for p in positions]})
-        for position, r in zip(positions, result["results"]):
+        results = await commits.acks.submit(node.groups[group_id], [[*acks[p], worker_id] for p in positions])
+        for position, r in zip(positions, results):
             out[position] = _item_result(r)
             if r["ok"]:
                 out[position]["run"] = views.run(r["run"])

@@ -61,10 +61,17 @@ def _check_lease(run: Record | None, run_id: str, worker_id: str, fence: int, no
     return None
 
 
+def _worker_of(item: list[Any], arity: int, cmd: dict[str, Any]) -> str:
+    """Items of a coalesced entry name their worker; a single worker's entry names it once."""
+    return item[arity] if len(item) > arity else cmd["worker_id"]
+
+
 def heartbeat(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    now, worker_id, lease_until = cmd["now"], cmd["worker_id"], cmd["lease_until"]
+    """Items: [run_id, fence] or [run_id, fence, worker_id]."""
+    now, lease_until = cmd["now"], cmd["lease_until"]
     results = []
-    for run_id, fence in cmd["leases"]:
+    for item in cmd["leases"]:
+        run_id, fence, worker_id = item[0], item[1], _worker_of(item, 2, cmd)
         run = records.get_run(ctx, run_id)
         rejection = _check_lease(run, run_id, worker_id, fence, now)
         if rejection:
@@ -77,9 +84,11 @@ def heartbeat(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 def ack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    now, worker_id = cmd["now"], cmd["worker_id"]
+    """Items: [run_id, fence, result_json] or [run_id, fence, result_json, worker_id]."""
+    now = cmd["now"]
     results = []
-    for run_id, fence, result_json in cmd["acks"]:
+    for item in cmd["acks"]:
+        run_id, fence, result_json, worker_id = item[0], item[1], item[2], _worker_of(item, 3, cmd)
         run = records.get_run(ctx, run_id)
         rejection = _check_lease(run, run_id, worker_id, fence, now)
         if rejection:
