@@ -42,7 +42,7 @@ def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             continue
         # Make room before adding: the records this claim makes (a catch-up summary
         # among them) are always there to read, even past history_limit.
-        records.prune_history(ctx, job_id, job["history_limit"] - 1)
+        records.prune_history(ctx, job_id, job["history_limit"] - 1, now)
         cutoff = now - grace
         made = _claim_on_time(ctx, job, fire_us, now) if fire_us >= cutoff else \
             _claim_missed(ctx, job, fire_us, now, cutoff)
@@ -72,6 +72,8 @@ def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) ->
     run_set = set(to_run)
     release = now + zlib.crc32(job["job_id"].encode()) % BACKFILL_SPREAD_US
     for t in found.recent:
+        if records.occurrence_taken(ctx, job["job_id"], t):
+            continue  # a manual trigger or a run claimed ahead already stands for it
         if t in run_set:
             made.append(occur(ctx, job, t, now, release))
             release += BACKFILL_SPACING_US

@@ -152,6 +152,6 @@ def trigger_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     at = now
     while records.occurrence_taken(ctx, job_id, at):
         at += 1
-    records.prune_history(ctx, job_id, job["history_limit"] - 1)
+    records.prune_history(ctx, job_id, job["history_limit"] - 1, now)
     run = claims.occur(ctx, job, at, now, now, trigger=True)
     return {"ok": True, "run": run}

@@ -115,17 +115,20 @@ def delete_run(ctx: Ctx, run: Record) -> None:
 PRUNE_SCAN_MAX = 32  # occurrences looked at per prune, so one apply stays bounded
 
 
-def prune_history(ctx: Ctx, job_id: str, limit: int) -> int:
-    """Keep the newest `limit` runs; of the older ones drop the terminal runs.
+def prune_history(ctx: Ctx, job_id: str, limit: int, before_us: int) -> int:
+    """Keep the newest `limit` runs; of the older ones drop the terminal runs
+    scheduled before `before_us` (the entry's now).
 
-    Older runs that are dead letters (until re-driven) or still open stay."""
+    Older runs that are dead letters (until re-driven) or still open stay, and so
+    do runs of occurrences still ahead: a resume or an update re-arms the job from
+    now, and a dropped future occurrence could then be claimed a second time."""
     older = job_stats(ctx, job_id)["runs"] - limit
     if older <= 0:
         return 0
     dropped = 0
     for run_id in occurrence_runs(ctx, job_id, min(older, PRUNE_SCAN_MAX)):
         run = get_run(ctx, run_id)
-        if run is not None and run["state"] in TERMINAL_RUN_STATES:
+        if run is not None and run["state"] in TERMINAL_RUN_STATES and run["scheduled_us"] < before_us:
             delete_run(ctx, run)
             dropped += 1
     return dropped

@@ -261,3 +261,20 @@ def test_history_keeps_the_newest_terminal_runs_and_all_dead_letters(d: Driver) 
     assert kept[0] == (5, "dead_letter", "max_attempts")
     # Older terminal runs are pruned to make room before each new occurrence.
     assert [t for t, _, _ in kept[1:]] == [25, 30, 35]
+
+
+def test_catch_up_over_an_occurrence_a_trigger_already_took(d: Driver) -> None:
+    d.create("e", EVERY5)
+    d.apply(Op.TRIGGER_JOB, now=T0 + 10 * S, job_id="e")  # lands exactly on the T0+10 occurrence
+    d.claim_due(T0 + 100 * S)
+    assert d.job("e")["next_fire_us"] == T0 + 95 * S
+    times = [r["scheduled_us"] for r in d.runs("e")]
+    assert len(times) == len(set(times))
+
+
+def test_history_never_drops_an_occurrence_still_ahead(d: Driver) -> None:
+    d.create("e", {"kind": "every", "every_us": S, "anchor_us": T0}, overlap_policy="skip", history_limit=1)
+    d.apply(Op.CLAIM_BATCH, now=T0, claims=[["e", T0 + S]])  # claimed ahead: queued
+    d.apply(Op.CLAIM_BATCH, now=T0, claims=[["e", T0 + 2 * S]])  # ahead, skipped (overlap)
+    d.apply(Op.CLAIM_BATCH, now=T0, claims=[["e", T0 + 3 * S]])
+    assert [r["scheduled_us"] for r in d.runs("e")] == [T0 + S, T0 + 2 * S, T0 + 3 * S]
