@@ -26,7 +26,7 @@ class FixedClock:
 
 
 def stub_node(now: str = NOW) -> SimpleNamespace:
-    return SimpleNamespace(clock=FixedClock(now), config=SimpleNamespace(limits=Limits()))
+    return SimpleNamespace(clock=FixedClock(now), config=SimpleNamespace(limits=Limits(), lease_s=30.0), propose=None)
 
 
 def get(query: dict[str, Any] | str, now: str = NOW) -> tuple[int, Any]:
