@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage import records, retry
-from storage.model import LEASABLE_RUN_STATES, Reason, RunEvent, RunState, run_transition
+from storage.model import LEASABLE_RUN_STATES, JobState, Reason, RunEvent, RunState, run_transition
 from storage.records import Ctx, Record
 
 
@@ -132,8 +132,13 @@ def expire_leases(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
 
 def _fail(ctx: Ctx, run: Record, now: int, error: str, retry_event: RunEvent, final_event: RunEvent,
           reason: Reason | None) -> Record:
-    """A failed attempt: retry after backoff, or dead-letter after the last attempt."""
-    if run["attempt"] < run["max_attempts"]:
+    """A failed attempt: retry after backoff, or dead-letter after the last attempt.
+    The job was cancelled meanwhile: no retry, the run is cancelled."""
+    job = records.get_job(ctx, run["job_id"])
+    if job is not None and job["state"] == JobState.CANCELLED:
+        after = dict(run, state=run_transition(run["state"], RunEvent.CANCEL), lease_until_us=None,
+                     finished_us=now, error=error, reason=Reason.JOB_CANCELLED.value)
+    elif run["attempt"] < run["max_attempts"]:
         delay = retry.backoff_us(run.get("backoff"), run["job_id"], run["scheduled_us"], run["attempt"])
         after = dict(run, state=run_transition(run["state"], retry_event), available_us=now + delay,
                      lease_until_us=None, error=error, reason=reason.value if reason else None)

@@ -71,6 +71,8 @@ RUN_TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
     (R.RUNNING, RunEvent.EXPIRE_FINAL): R.DEAD_LETTER,
     (R.QUEUED, RunEvent.CANCEL): R.CANCELLED,
     (R.RETRY_WAIT, RunEvent.CANCEL): R.CANCELLED,
+    # A running run of a cancelled job may finish, but a failed attempt is not retried.
+    (R.RUNNING, RunEvent.CANCEL): R.CANCELLED,
     # starting_deadline_s passed before the first attempt could start.
     (R.QUEUED, RunEvent.MISSED_DEADLINE): R.SKIPPED,
     # An operator re-drives a dead letter.

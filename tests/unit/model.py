@@ -1,0 +1,413 @@
+"""A dumb reference model of the scheduling rules, for tests/unit/test_model.py.
+
+Written from docs/api.md and the rule tests (test_fsm.py, test_semantics.py),
+not from storage/: plain dicts, no indexes, no LMDB, every scan a full scan.
+Each command method takes the Raft index the entry will be applied at and the
+entry's payload, changes the model, and returns (expected result, rejected);
+`rejected` means the command must leave the store exactly as it was.
+
+Values the docs only bound (deterministic jitter, backoff ±20%, the spread of
+backfilled runs) are kept as a check; `settle` verifies the real value against
+the check and adopts it, so later steps compare exactly."""
+from __future__ import annotations
+
+from typing import Any
+
+S = 1_000_000
+CATCHUP_SPACING_US = 100_000  # missed runs of one job are released this far apart (test_semantics)
+CATCHUP_SPREAD_US = 1_000_000  # and the job's first one within this window after now
+PRUNE_SCAN_MAX = 32  # occurrences looked at per prune (records.prune_history's documented bound)
+JITTER_SPREAD = 0.2  # backoff: "deterministic jitter ±20%"
+
+PENDING = frozenset({"queued", "retry_wait"})
+TERMINAL = frozenset({"succeeded", "skipped", "cancelled"})
+
+Rec = dict[str, Any]
+
+
+# -- schedules -------------------------------------------------------------------------
+
+def first_fire(schedule: Rec) -> int:
+    """A one-off fires at its time (even a past one); an interval counts from its anchor."""
+    if schedule["kind"] == "at":
+        return schedule["at_us"]
+    return schedule["anchor_us"] + schedule["every_us"]
+
+
+def next_after(schedule: Rec, t: int) -> int | None:
+    """The first occurrence strictly after t."""
+    if schedule["kind"] == "at":
+        return schedule["at_us"] if schedule["at_us"] > t else None
+    every, anchor = schedule["every_us"], schedule["anchor_us"]
+    k = 1 if t < anchor else (t - anchor) // every + 1
+    return anchor + k * every
+
+
+def next_at_or_after(schedule: Rec, t: int) -> int:
+    """The first occurrence time of an interval schedule at or after t."""
+    nxt = next_after(schedule, t - 1)
+    assert nxt is not None, "an interval schedule always has a next occurrence"
+    return nxt
+
+
+def backoff_bounds_us(backoff: Rec, attempt: int) -> tuple[int, int]:
+    raw_ms = min(backoff["max_ms"], backoff["base_ms"] * backoff["factor"] ** max(0, attempt - 1))
+    low = min(backoff["max_ms"], raw_ms * (1 - JITTER_SPREAD)) * 1000
+    high = min(backoff["max_ms"], raw_ms * (1 + JITTER_SPREAD)) * 1000
+    return int(low) - 1, int(high) + 1  # 1 µs of float slack on each side
+
+
+class Ids:
+    """Run ids of one entry: `{group}-{raft index}-{n}` in creation order."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.n = index, 0
+
+    def next(self) -> str:
+        self.n += 1
+        return f"0-{self.index}-{self.n - 1}"
+
+
+class Model:
+    def __init__(self) -> None:
+        self.jobs: dict[str, Rec] = {}
+        self.runs: dict[str, Rec] = {}
+        self.catchup_offset_us: dict[str, int] = {}  # learned per job, must then stay the same
+
+    # -- reads -------------------------------------------------------------------------
+
+    def job_runs(self, job_id: str) -> list[Rec]:
+        return sorted((r for r in self.runs.values() if r["job_id"] == job_id), key=lambda r: r["scheduled_us"])
+
+    def stats(self, job_id: str) -> Rec:
+        runs = self.job_runs(job_id)
+        return {"pending": sum(r["state"] in PENDING for r in runs),
+                "running": sum(r["state"] == "running" for r in runs), "runs": len(runs)}
+
+    def taken(self, job_id: str, t: int) -> bool:
+        return any(r["job_id"] == job_id and r["scheduled_us"] == t for r in self.runs.values())
+
+    def due(self, until: int) -> set[tuple[str, int]]:
+        return {(j["job_id"], j["next_fire_us"]) for j in self.jobs.values()
+                if j["state"] == "scheduled" and j["next_fire_us"] is not None and j["next_fire_us"] <= until}
+
+    def ready(self, now: int) -> list[str]:
+        """Leasable run ids, highest priority first, then earliest available, then id."""
+        ready = [r for r in self.runs.values() if r["state"] in PENDING and r["available_us"] <= now]
+        ready.sort(key=lambda r: (-r["priority"], r["available_us"], r["run_id"].encode()))
+        return [r["run_id"] for r in ready]
+
+    def expired(self, now: int) -> set[tuple[str, int]]:
+        return {(r["run_id"], r["fence"]) for r in self.runs.values()
+                if r["state"] == "running" and r["lease_until_us"] <= now}
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def create(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        out = []
+        for spec in cmd["jobs"]:
+            if spec["job_id"] in self.jobs:
+                out.append((spec["job_id"], False, "conflict"))
+                continue
+            job = {k: v for k, v in spec.items() if k != "schedule_spec"}
+            job.update(state="scheduled", next_fire_us=first_fire(spec["schedule"]))
+            self.jobs[spec["job_id"]] = job
+            out.append((spec["job_id"], True, None))
+        return out, all(not ok for _, ok, _ in out)
+
+    def cancel(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        job, now = self.jobs.get(cmd["job_id"]), cmd["now"]
+        if job is None:
+            return (False, "not_found", None), True
+        if job["state"] == "cancelled":
+            return (True, None, 0), True  # idempotent
+        pending = [r for r in self.job_runs(job["job_id"]) if r["state"] in PENDING]
+        if job["state"] == "completed" and not pending:
+            return (False, "conflict", None), True
+        job.update(state="cancelled", next_fire_us=None)
+        for run in pending:  # a running run may finish
+            run.update(state="cancelled", finished_us=now, reason="job_cancelled")
+        return (True, None, len(pending)), False
+
+    def _live(self, job_id: str) -> tuple[Rec | None, Any]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None, (False, "not_found")
+        if job["state"] in ("cancelled", "completed"):
+            return None, (False, "conflict")
+        return job, None
+
+    def pause(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        job, err = self._live(cmd["job_id"])
+        if err:
+            return err, True
+        if job["state"] == "paused":
+            return (True, None), True  # idempotent
+        job.update(state="paused", next_fire_us=None)
+        return (True, None), False
+
+    def resume(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        """Re-armed from now: nothing from inside the pause is caught up; a passed one-off fires at once."""
+        job, err = self._live(cmd["job_id"])
+        if err:
+            return err, True
+        if job["state"] == "scheduled":
+            return (True, None), True  # idempotent
+        sched, now = job["schedule"], cmd["now"]
+        nxt = max(sched["at_us"], now) if sched["kind"] == "at" else next_after(sched, now)
+        job.update(state="scheduled", next_fire_us=nxt)
+        return (True, None), False
+
+    def update(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        job = self.jobs.get(cmd["job_id"])
+        if job is None:
+            return (False, "not_found"), True
+        if job["state"] == "cancelled":
+            return (False, "conflict"), True
+        changes = cmd["changes"]
+        job.update({k: v for k, v in changes.items() if k != "schedule_spec"})
+        if "schedule" in changes and job["state"] != "paused":
+            job["next_fire_us"] = first_fire(job["schedule"])
+            if job["state"] == "completed":
+                job["state"] = "scheduled"
+        return (True, None), False
+
+    def trigger(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        """An extra occurrence now, at the first free microsecond; no deadline, no overlap rule."""
+        job, now = self.jobs.get(cmd["job_id"]), cmd["now"]
+        if job is None:
+            return (False, "not_found", None), True
+        if job["state"] == "cancelled":
+            return (False, "conflict", None), True
+        at = now
+        while self.taken(job["job_id"], at):
+            at += 1
+        self._prune(job["job_id"], job["history_limit"] - 1, now)
+        run = self._occur(Ids(index), job, at, now, ("exact", now), trigger=True)
+        return (True, None, run["run_id"]), False
+
+    # -- claims ------------------------------------------------------------------------
+
+    def claim(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        now, grace, ids = cmd["now"], cmd["grace_us"], Ids(index)
+        queued, skipped, stale, advanced = [], 0, 0, False
+        for job_id, fire in cmd["claims"]:
+            job = self.jobs.get(job_id)
+            if job is None or job["state"] != "scheduled" or job["next_fire_us"] != fire:
+                stale += 1
+                continue
+            if self.taken(job_id, fire):
+                # A trigger (or an earlier schedule) already stands for this occurrence.
+                self._advance(job, next_after(job["schedule"], fire))
+                stale, advanced = stale + 1, True
+                continue
+            self._prune(job_id, job["history_limit"] - 1, now)
+            cutoff = now - grace
+            made = self._on_time(ids, job, fire, now) if fire >= cutoff else self._missed(ids, job, fire, now, cutoff)
+            for run in made:
+                if run["state"] == "queued":
+                    queued.append(run["run_id"])
+                else:
+                    skipped += 1
+        return (queued, skipped, stale), ids.n == 0 and not advanced
+
+    def _on_time(self, ids: Ids, job: Rec, fire: int, now: int) -> list[Rec]:
+        nxt = next_after(job["schedule"], fire)
+        spread = job["jitter_us"] if nxt is None else min(job["jitter_us"], nxt - fire - 1)
+        avail = ("exact", fire) if job["jitter_us"] == 0 else ("between", fire, fire + spread)
+        run = self._occur(ids, job, fire, now, avail)
+        self._advance(job, nxt)
+        return [run]
+
+    def _missed(self, ids: Ids, job: Rec, fire: int, now: int, cutoff: int) -> list[Rec]:
+        """Missed occurrences in [fire, cutoff): the newest catchup_limit are considered,
+        the older ones get one summary record; misfire_policy picks what runs."""
+        sched, missed, t = job["schedule"], [], fire
+        while t is not None and t < cutoff:
+            missed.append(t)
+            t = next_after(sched, t)
+        limit = job["catchup_limit"]
+        recent, older = missed[-limit:], missed[:-limit]
+        made = []
+        if older:
+            summary = self._new_run(ids, job, older[0], now, "skipped", ("exact", older[0]))
+            summary.update(reason="catchup_limit", finished_us=now, skipped_count=len(older),
+                           skipped_until_us=older[-1])
+            made.append(summary)
+        to_run = {"fire_all": recent, "fire_once": recent[-1:], "skip": []}[job["misfire_policy"]]
+        k = 0
+        for t in recent:
+            if self.taken(job["job_id"], t):
+                continue  # a trigger (or a run claimed ahead, before a re-arm) already stands for it
+            if t in to_run:
+                made.append(self._occur(ids, job, t, now, ("catchup", job["job_id"], now, k)))
+                k += 1
+            else:
+                made.append(self._skipped(ids, job, t, now, "misfire_skip"))
+        self._advance(job, next_after(sched, cutoff - 1))
+        return made
+
+    def _advance(self, job: Rec, nxt: int | None) -> None:
+        job["next_fire_us"] = nxt
+        if nxt is None:
+            job["state"] = "completed"
+
+    def _occur(self, ids: Ids, job: Rec, t: int, now: int, avail: tuple, trigger: bool = False) -> Rec:
+        deadline = job["starting_deadline_us"]
+        if not trigger and deadline is not None and t + deadline < now:
+            return self._skipped(ids, job, t, now, "deadline")
+        if not trigger and self._overlap_blocks(job):
+            return self._skipped(ids, job, t, now, "overlap")
+        run = self._new_run(ids, job, t, now, "queued", avail)
+        run["trigger"] = trigger
+        return run
+
+    def _overlap_blocks(self, job: Rec) -> bool:
+        st = self.stats(job["job_id"])
+        return {"allow": False, "skip": st["pending"] + st["running"] > 0,
+                "buffer_one": st["pending"] > 0}[job["overlap_policy"]]
+
+    def _skipped(self, ids: Ids, job: Rec, t: int, now: int, reason: str) -> Rec:
+        run = self._new_run(ids, job, t, now, "skipped", ("exact", t))
+        run.update(reason=reason, finished_us=now)
+        return run
+
+    def _new_run(self, ids: Ids, job: Rec, t: int, now: int, state: str, avail: tuple) -> Rec:
+        assert not self.taken(job["job_id"], t), f"model: occurrence {job['job_id']}@{t} made twice"
+        run = {"run_id": ids.next(), "job_id": job["job_id"], "scheduled_us": t, "state": state, "attempt": 0,
+               "priority": job["priority"], "max_attempts": job["max_attempts"], "backoff": job["backoff"],
+               "timeout_us": job["timeout_us"], "available_us": avail[1] if avail[0] == "exact" else None,
+               "avail_check": None if avail[0] == "exact" else avail, "worker_id": None, "fence": 0,
+               "lease_until_us": None, "attempt_deadline_us": None, "finished_us": None, "reason": None,
+               "trigger": False}
+        self.runs[run["run_id"]] = run
+        return run
+
+    def _prune(self, job_id: str, keep: int, now: int) -> None:
+        """Keep the newest `keep` runs; of the older ones (bounded scan) drop the terminal runs
+        of occurrences already past: a re-arm could claim a dropped future one again."""
+        runs = self.job_runs(job_id)
+        older = len(runs) - keep
+        for run in runs[:min(older, PRUNE_SCAN_MAX)] if older > 0 else []:
+            if run["state"] in TERMINAL and run["scheduled_us"] < now:
+                del self.runs[run["run_id"]]
+
+    # -- leases ------------------------------------------------------------------------
+
+    def lease(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        now, until, grants, skipped = cmd["now"], cmd["lease_until"], [], 0
+        for worker, run_ids in cmd["grants"]:
+            got = []
+            for run_id in run_ids:
+                run = self.runs.get(run_id)
+                if run is None or run["state"] not in PENDING or run["available_us"] > now:
+                    continue
+                deadline = self.jobs[run["job_id"]]["starting_deadline_us"]
+                if run["attempt"] == 0 and deadline is not None and run["scheduled_us"] + deadline < now \
+                        and not run["trigger"]:
+                    run.update(state="skipped", reason="deadline", finished_us=now)
+                    skipped += 1
+                    continue
+                cap = now + run["timeout_us"] if run["timeout_us"] else None
+                run.update(state="running", attempt=run["attempt"] + 1, worker_id=worker, fence=index,
+                           attempt_deadline_us=cap, lease_until_us=until if cap is None else min(until, cap))
+                got.append(run_id)
+            grants.append((worker, got))
+        return (grants, skipped), skipped == 0 and not any(got for _, got in grants)
+
+    def _holds(self, run_id: str, worker: str, fence: int, now: int) -> str | None:
+        """None when (worker, fence) holds the live lease of run_id, else the error code."""
+        run = self.runs.get(run_id)
+        if run is None:
+            return "not_found"
+        if run["state"] != "running" or run["fence"] != fence or run["worker_id"] != worker:
+            return "stale_fence"
+        return "stale_fence" if run["lease_until_us"] <= now else None
+
+    def heartbeat(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        """Items [run_id, fence], or [run_id, fence, worker_id] in an entry coalesced across workers."""
+        out = []
+        for item in cmd["leases"]:
+            run_id, fence = item[0], item[1]
+            code = self._holds(run_id, item[2] if len(item) > 2 else cmd["worker_id"], fence, cmd["now"])
+            if code:
+                out.append((run_id, False, code, None))
+                continue
+            run = self.runs[run_id]
+            cap = run["attempt_deadline_us"]  # timeout_s caps the attempt, heartbeats or not
+            asked = cmd["lease_until"] if cap is None else min(cmd["lease_until"], cap)
+            run["lease_until_us"] = max(asked, run["lease_until_us"])
+            out.append((run_id, True, None, run["lease_until_us"]))
+        return out, all(not ok for _, ok, _, _ in out)
+
+    def ack(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        """Items [run_id, fence, result], or [run_id, fence, result, worker_id] when coalesced."""
+        out = []
+        for item in cmd["acks"]:
+            run_id, fence = item[0], item[1]
+            code = self._holds(run_id, item[3] if len(item) > 3 else cmd["worker_id"], fence, cmd["now"])
+            if code is None:
+                self.runs[run_id].update(state="succeeded", finished_us=cmd["now"], lease_until_us=None)
+            out.append((run_id, code is None, code))
+        return out, all(not ok for _, ok, _ in out)
+
+    def nack(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        code = self._holds(cmd["run_id"], cmd["worker_id"], cmd["fence"], cmd["now"])
+        if code:
+            return (False, code, None), True
+        run = self.runs[cmd["run_id"]]
+        self._fail(run, cmd["now"], None)
+        return (True, None, run["state"]), False
+
+    def expire(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        now, expired, dead = cmd["now"], 0, 0
+        for run_id, fence in cmd["runs"]:
+            run = self.runs.get(run_id)
+            if run is None or run["state"] != "running" or run["fence"] != fence or run["lease_until_us"] > now:
+                continue
+            cap = run["attempt_deadline_us"]
+            self._fail(run, now, "timeout" if cap is not None and now >= cap else "lease_expired")
+            expired, dead = expired + 1, dead + (run["state"] == "dead_letter")
+        return (expired, dead), expired == 0
+
+    def _fail(self, run: Rec, now: int, reason: str | None) -> None:
+        """A failed attempt: retry after the job's backoff, or dead-letter after the last attempt;
+        for a job cancelled meanwhile, no retry: the run is cancelled."""
+        if self.jobs[run["job_id"]]["state"] == "cancelled":
+            run.update(state="cancelled", lease_until_us=None, finished_us=now, reason="job_cancelled")
+        elif run["attempt"] < run["max_attempts"]:
+            low, high = backoff_bounds_us(run["backoff"], run["attempt"])
+            run.update(state="retry_wait", lease_until_us=None, reason=reason, available_us=None,
+                       avail_check=("between", now + low, now + high))
+        else:
+            run.update(state="dead_letter", lease_until_us=None, finished_us=now, reason="max_attempts")
+
+    def redrive(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        run = self.runs.get(cmd["run_id"])
+        if run is None:
+            return (False, "not_found"), True
+        if run["state"] != "dead_letter":
+            return (False, "conflict"), True
+        rounds = self.jobs[run["job_id"]]["max_attempts"]
+        run.update(state="queued", available_us=cmd["now"], max_attempts=run["attempt"] + rounds,
+                   finished_us=None, reason=None)
+        return (True, None), False
+
+    # -- values the docs only bound ------------------------------------------------------
+
+    def settle(self, real_runs: dict[str, Rec]) -> None:
+        """Check each run's real available_us against its bound, then adopt it."""
+        for run_id, run in self.runs.items():
+            check = run.pop("avail_check", None)
+            if check is None:
+                continue
+            real = real_runs[run_id]["available_us"]
+            if check[0] == "between":
+                assert check[1] <= real <= check[2], f"{run_id}: available_us {real} outside {check[1:]}"
+            else:  # ("catchup", job_id, now, k): now + per-job offset + k * spacing
+                _, job_id, now, k = check
+                offset = real - now - k * CATCHUP_SPACING_US
+                assert 0 <= offset < CATCHUP_SPREAD_US, f"{run_id}: catch-up release offset {offset}"
+                learned = self.catchup_offset_us.setdefault(job_id, offset)
+                assert offset == learned, f"{run_id}: catch-up offset {offset}, earlier {learned} (not deterministic)"
+            run["available_us"] = real

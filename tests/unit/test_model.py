@@ -1,0 +1,609 @@
+"""Model check of the replicated state machine.
+
+Hypothesis drives random command sequences through the real apply
+(storage/fsm.apply on a temp LMDB, via fsm_driver.Driver) and through the
+reference model in tests/unit/model.py, and after every applied command
+checks the store's own invariants (index consistency, one run per
+occurrence, legal transitions, growing fences, job_stats) and compares it with
+the model. A second Driver replays the same entries and must end byte for byte
+identical.
+
+Size: SCHEDULERD_MODEL_EXAMPLES (default 100) sequences of up to
+SCHEDULERD_MODEL_STEPS (default 40) steps; for a soak run e.g.
+`SCHEDULERD_MODEL_EXAMPLES=2000 python -m pytest tests/unit/test_model.py`.
+Hypothesis prints the failing sequence of steps; that is the reproduction."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
+
+from schedulerd.jobspec import JOB_DEFAULTS
+from storage import keys, queries
+from storage.db import DB_NAMES, LAST_APPLIED
+from storage.model import JOB_TRANSITIONS, RUN_TRANSITIONS
+from storage.ops import Op
+from storage.records import unpack
+from tests.unit.fsm_driver import S, T0, Driver
+from tests.unit.model import PENDING, TERMINAL, Model, next_at_or_after
+
+EXAMPLES = int(os.environ.get("SCHEDULERD_MODEL_EXAMPLES", "100"))
+STEPS = int(os.environ.get("SCHEDULERD_MODEL_STEPS", "40"))
+GRACE_US = 5 * S  # NodeConfig.misfire_grace_s default
+# (lookahead_us, grace_us) of a claim: NodeConfig's defaults (1 s, 5 s), a short grace, and a
+# lookahead longer than the shortest period (valid: lookahead_s < misfire_grace_s).
+CLAIM_WINDOWS = st.sampled_from([(1 * S, GRACE_US), (1 * S, GRACE_US), (1 * S, 2 * S), (3 * S, GRACE_US)])
+CLAIM_ROUNDS_MAX = 50  # claim rounds at one `now`; catching up a 1 s job over the grace takes ~7
+REPLICA_EVERY_STEPS = 8  # steps between replica digest comparisons (and one at teardown)
+GHOST_RUN = "0-999999-0"
+
+JOB_IDS = ("a", "b", "c", "d")
+TARGETS = JOB_IDS + ("ghost",)  # "ghost" is never created: not_found paths
+WORKERS = ("w1", "w2", "w3")
+LEGAL_RUN = {(s.value, t.value) for (s, _), t in RUN_TRANSITIONS.items()}
+LEGAL_JOB = {(s.value, t.value) for (s, _), t in JOB_TRANSITIONS.items()}
+RUN_FIELDS = ("job_id", "scheduled_us", "state", "attempt", "max_attempts", "fence", "worker_id", "lease_until_us",
+              "finished_us", "reason", "trigger", "priority", "available_us")
+JOB_FIELDS = ("state", "next_fire_us", "schedule", "priority", "max_attempts", "payload_json", "misfire_policy",
+              "overlap_policy", "catchup_limit", "starting_deadline_us", "timeout_us", "history_limit", "jitter_us",
+              "backoff")
+
+Rec = dict[str, Any]
+
+# -- strategies ------------------------------------------------------------------------------
+
+TIME_STEPS = st.one_of(
+    st.sampled_from([0, 1, S // 2, S, 2 * S, 5 * S]),  # boundaries: fire == now, fire == cutoff
+    st.integers(1, 12).map(lambda k: k * S // 2),  # on the occurrence grid
+    st.integers(1, 3 * S),
+    st.integers(4 * S, 20 * S),
+    st.integers(30, 600).map(lambda k: k * S),  # an outage: misfires, catch-up limits
+    st.integers(30 * S, 600 * S),
+)
+# ("at", offset from now) or ("every", period); resolved against `now` in the rule.
+SCHEDULES = st.one_of(
+    st.tuples(st.just("at"), st.sampled_from([-30 * S, -6 * S, -S, 0, S // 2, S, 3 * S, 10 * S])),
+    st.tuples(st.just("every"), st.sampled_from([1 * S, 2 * S, 3 * S, 5 * S, 10 * S])),
+)
+BACKOFFS = st.sampled_from([{"base_ms": 1000, "factor": 2.0, "max_ms": 300_000},
+                            {"base_ms": 200, "factor": 3.0, "max_ms": 1000}])
+OPTIONS = {
+    "misfire_policy": st.sampled_from(["fire_all", "fire_once", "skip"]),
+    "overlap_policy": st.sampled_from(["allow", "allow", "skip", "buffer_one"]),
+    "max_attempts": st.integers(1, 3),
+    "catchup_limit": st.sampled_from([1, 2, 3, 4, 20, 100]),  # small, and the default
+    "starting_deadline_us": st.one_of(st.none(), st.sampled_from([1 * S, 3 * S, 10 * S])),
+    "timeout_us": st.one_of(st.none(), st.sampled_from([2 * S, 10 * S])),
+    "history_limit": st.integers(1, 5),
+    "priority": st.integers(0, 2),
+    "jitter_us": st.sampled_from([0, 0, 0, 1_500_000]),
+    "backoff": BACKOFFS,
+}
+CHANGES = st.fixed_dictionaries({}, optional={
+    "schedule": SCHEDULES, "payload_json": st.sampled_from(['"v2"', "{}"]),
+    **{k: OPTIONS[k] for k in ("priority", "max_attempts", "starting_deadline_us", "timeout_us",
+                               "overlap_policy", "misfire_policy", "history_limit", "catchup_limit")}})
+ZOMBIE_OPS = st.sampled_from([Op.ACK, Op.NACK, Op.HEARTBEAT, Op.EXPIRE_LEASES])
+# holder: the live lease's worker and fence; zombie: an earlier lease of any run, as granted;
+# wrong_fence / wrong_worker: the current run with an older fence, or another worker.
+LEASE_MODES = st.sampled_from(["holder", "holder", "holder", "zombie", "wrong_fence", "wrong_worker", "ghost"])
+SMALL_STEPS = st.one_of(st.just(0), st.integers(1, 3 * S))
+PICK = st.integers(0, 63)
+
+
+def resolve(schedule: tuple[str, int], now: int) -> Rec:
+    kind, value = schedule
+    if kind == "at":
+        return {"kind": "at", "at_us": now + value}
+    return {"kind": "every", "every_us": value, "anchor_us": now}
+
+
+# -- reading the real store --------------------------------------------------------------------
+
+@dataclass
+class Snapshot:
+    jobs: dict[str, Rec]
+    runs: dict[str, Rec]
+    occurrences: dict[tuple[str, int], str]
+    stats: dict[str, Rec]
+    due: set[bytes]
+    ready: set[bytes]
+    leases: set[bytes]
+    dead_letters: set[bytes]
+
+
+def scan(d: Driver) -> Snapshot:
+    """Every table, read directly: the invariants must not trust the code under test."""
+    t = d.store.tables
+    with d.store.read() as txn:
+        def items(db: object) -> list[tuple[bytes, bytes]]:
+            with txn.cursor(db=db) as cur:
+                return [(bytes(k), bytes(v)) for k, v in cur]
+        occurrences = {}
+        for k, v in items(t.occurrences):
+            job_id, _, scheduled = k.partition(b"\x00")  # job ids never hold a NUL
+            occurrences[(job_id.decode(), keys.read_u64(scheduled))] = v.decode()
+        return Snapshot(
+            jobs={k.decode(): unpack(v) for k, v in items(t.jobs)},
+            runs={k.decode(): unpack(v) for k, v in items(t.runs)},
+            occurrences=occurrences,
+            stats={k.decode(): unpack(v) for k, v in items(t.job_stats)},
+            due={k for k, _ in items(t.due)}, ready={k for k, _ in items(t.ready)},
+            leases={k for k, _ in items(t.leases)}, dead_letters={k for k, _ in items(t.dead_letters)})
+
+
+def state_digest(d: Driver) -> str:
+    """Driver.digest() without last_applied, which every entry (rejected or not) advances."""
+    h = hashlib.sha256()
+    with d.store.read() as txn:
+        for name in DB_NAMES:
+            with txn.cursor(db=getattr(d.store.tables, name)) as cur:
+                for k, v in cur:
+                    if not (name == "meta" and k == LAST_APPLIED):
+                        h.update(name.encode() + k + b"\x00" + v)
+    return h.hexdigest()
+
+
+def normalize(op: Op, res: Rec) -> Any:
+    """The parts of a result the model predicts."""
+    if op == Op.CREATE_JOBS:
+        return [(r["job_id"], r["ok"], r.get("code")) for r in res["results"]]
+    if op == Op.CLAIM_BATCH:
+        return res["runs"], res["skipped"], res["stale"]
+    if op == Op.LEASE_BATCH:
+        return [(w, [task["run_id"] for task in tasks]) for w, tasks in res["grants"]], res["skipped"]
+    if op == Op.HEARTBEAT:
+        return [(r["run_id"], r["ok"], r.get("code"), r.get("lease_until_us")) for r in res["results"]]
+    if op == Op.ACK:
+        return [(r["run_id"], r["ok"], r.get("code")) for r in res["results"]]
+    if op == Op.NACK:
+        return res["ok"], res.get("code"), res["run"]["state"] if res["ok"] else None
+    if op == Op.EXPIRE_LEASES:
+        return res["expired"], res["dead_letter"]
+    if op == Op.CANCEL_JOB:
+        return res["ok"], res.get("code"), res.get("cancelled_runs")
+    if op == Op.TRIGGER_JOB:
+        return res["ok"], res.get("code"), res["run"]["run_id"] if res["ok"] else None
+    return res["ok"], res.get("code")
+
+
+# -- invariants -------------------------------------------------------------------------------
+
+def check_store(snap: Snapshot) -> None:
+    """What must hold of any store, whatever the commands were."""
+    by_occurrence: dict[tuple[str, int], str] = {}
+    for run_id, run in snap.runs.items():
+        occ = (run["job_id"], run["scheduled_us"])
+        assert occ not in by_occurrence, f"runs {by_occurrence[occ]} and {run_id} share occurrence {occ}"
+        by_occurrence[occ] = run_id
+        assert 0 <= run["attempt"] <= run["max_attempts"], f"{run_id}: attempt {run['attempt']}/{run['max_attempts']}"
+        if run["state"] == "running":
+            assert run["fence"] > 0 and run["worker_id"] and run["lease_until_us"] is not None, \
+                f"{run_id}: running without a full lease: {run}"
+    assert snap.occurrences == by_occurrence, "occurrences table disagrees with the runs"
+    due = {keys.due_key(keys.shard_of(j), job["next_fire_us"], j) for j, job in snap.jobs.items()
+           if job["state"] == "scheduled" and job["next_fire_us"] is not None}
+    assert snap.due == due, f"due index {sorted(snap.due)} != scheduled jobs' next fire {sorted(due)}"
+    for job_id, job in snap.jobs.items():
+        assert job["state"] == "scheduled" or job["next_fire_us"] is None, f"{job_id} {job['state']} has a fire time"
+    runs = snap.runs.values()
+    assert snap.leases == {keys.lease_key(r["lease_until_us"], r["run_id"]) for r in runs if r["state"] == "running"}, \
+        "lease index != running runs"
+    assert snap.ready == {keys.ready_key(r["queue"], r["priority"], r["available_us"], r["run_id"])
+                          for r in runs if r["state"] in PENDING}, "ready index != queued/retry_wait runs"
+    assert snap.dead_letters == {keys.dead_letter_key(r["finished_us"], r["run_id"])
+                                 for r in runs if r["state"] == "dead_letter"}, "dead-letter index != dead letters"
+    for job_id in snap.jobs.keys() | snap.stats.keys():
+        mine = [r for r in runs if r["job_id"] == job_id]
+        counted = {"pending": sum(r["state"] in PENDING for r in mine),
+                   "running": sum(r["state"] == "running" for r in mine), "runs": len(mine)}
+        assert snap.stats.get(job_id, {"pending": 0, "running": 0, "runs": 0}) == counted, \
+            f"job_stats[{job_id}] = {snap.stats.get(job_id)}, its runs say {counted}"
+
+
+def check_transitions(before: Snapshot, after: Snapshot) -> None:
+    """Across one command: states move along the tables, fences and attempts only grow."""
+    for run_id, run in after.runs.items():
+        old = before.runs.get(run_id)
+        if old is None:
+            assert run["state"] in ("queued", "skipped"), f"{run_id} born {run['state']}"
+            continue
+        move = (old["state"], run["state"])
+        assert move[0] == move[1] or move in LEGAL_RUN, f"{run_id}: illegal {move[0]} -> {move[1]}"
+        assert run["fence"] >= old["fence"] and run["attempt"] >= old["attempt"], f"{run_id}: fence/attempt shrank"
+        if run["state"] == "running" and (old["state"] != "running" or run["fence"] != old["fence"]):
+            assert run["fence"] > old["fence"], f"{run_id}: re-leased without a greater fence"
+    for run_id, old in before.runs.items():
+        if run_id not in after.runs:
+            assert old["state"] in TERMINAL, f"{run_id} deleted while {old['state']}"
+    for job_id, job in after.jobs.items():
+        old = before.jobs.get(job_id)
+        if old is None:
+            assert job["state"] in ("scheduled", "completed"), f"job {job_id} born {job['state']}"
+        else:
+            move = (old["state"], job["state"])
+            assert move[0] == move[1] or move in LEGAL_JOB, f"job {job_id}: illegal {move[0]} -> {move[1]}"
+    assert before.jobs.keys() <= after.jobs.keys(), "a job disappeared"
+
+
+def check_model(model: Model, snap: Snapshot) -> None:
+    assert snap.jobs.keys() == model.jobs.keys(), f"jobs {sorted(snap.jobs)} != model {sorted(model.jobs)}"
+    for job_id, job in model.jobs.items():
+        real = {f: snap.jobs[job_id].get(f) for f in JOB_FIELDS}
+        assert real == {f: job.get(f) for f in JOB_FIELDS}, f"job {job_id}: store {real} != model {job}"
+    assert snap.runs.keys() == model.runs.keys(), \
+        f"runs {sorted(snap.runs)} != model {sorted(model.runs)}"
+    for run_id, run in model.runs.items():
+        fields = RUN_FIELDS + tuple(f for f in ("skipped_count", "skipped_until_us") if f in run)
+        real = {f: snap.runs[run_id].get(f) for f in fields}
+        want = {f: run.get(f) for f in fields}
+        assert real == want, f"run {run_id}: store {real} != model {want}"
+
+
+# -- the machine --------------------------------------------------------------------------------
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.mkdtemp(prefix="schedulerd-model-")
+        self.d = Driver(os.path.join(self.tmp, "main"))
+        self.replica: Driver | None = None
+        self.model = Model()
+        self.now = T0
+        self.log: list[tuple[Op, Rec]] = []
+        self.replayed = 0
+        self.claimed: list[list[Any]] = []  # every (job_id, fire_us) proposed, for stale replays
+        self.granted: list[tuple[str, str, int]] = []  # every (run_id, worker_id, fence) leased
+        self.snap = scan(self.d)
+        self.steps = 0
+
+    def propose(self, op: Op, model_fn: Callable[[int, Rec], tuple[Any, bool]], **payload: Any) -> Rec:
+        """Apply one entry to the model and the store, then check everything."""
+        expected, rejected = model_fn(self.d.index + 1, payload)
+        before = state_digest(self.d) if rejected else None
+        result = self.d.apply(op, **payload)
+        self.log.append((op, copy.deepcopy(payload)))
+        if op == Op.LEASE_BATCH:
+            self.granted += [(t["run_id"], w, t["fence"]) for w, tasks in result["grants"] for t in tasks]
+        got = normalize(op, result)
+        assert got == expected, f"{op.name}: store answered {got}, model expected {expected}"
+        if rejected:
+            assert state_digest(self.d) == before, f"{op.name} changed nothing per the model, but the store changed"
+        snap = scan(self.d)
+        check_store(snap)
+        check_transitions(self.snap, snap)
+        self.snap = snap
+        self.model.settle(snap.runs)
+        check_model(self.model, snap)
+        return result
+
+    def _run_ids(self, pred: Callable[[Rec], bool] = lambda r: True) -> list[str]:
+        return sorted((r["run_id"] for r in self.model.runs.values() if pred(r)), key=lambda i: i.encode())
+
+    # -- time and jobs ----------------------------------------------------------------------
+
+    @rule(dt=TIME_STEPS)
+    def advance(self, dt: int) -> None:
+        self.now += dt
+
+    def _spec(self, job_id: str, schedule: tuple[str, int], opts: Rec) -> Rec:
+        return dict(JOB_DEFAULTS, job_id=job_id, schedule=resolve(schedule, self.now), schedule_spec={}, queue="q",
+                    payload_json="{}", **opts)
+
+    @initialize(jobs=st.lists(st.tuples(st.sampled_from(JOB_IDS), SCHEDULES, st.fixed_dictionaries(OPTIONS)),
+                              min_size=1, max_size=3))
+    def seed(self, jobs: list[tuple[str, tuple[str, int], Rec]]) -> None:
+        """Every sequence starts with jobs, so the steps after have something to act on."""
+        self.propose(Op.CREATE_JOBS, self.model.create, now=self.now,
+                     jobs=[self._spec(j, schedule, opts) for j, schedule, opts in jobs])
+
+    @precondition(lambda self: len(self.model.jobs) < len(JOB_IDS))  # a conflict still comes up often
+    @rule(job_ids=st.lists(st.sampled_from(JOB_IDS), min_size=1, max_size=2), schedule=SCHEDULES,
+          opts=st.fixed_dictionaries(OPTIONS))
+    def create(self, job_ids: list[str], schedule: tuple[str, int], opts: Rec) -> None:
+        specs = [self._spec(j, schedule, opts) for j in job_ids]
+        self.propose(Op.CREATE_JOBS, self.model.create, now=self.now, jobs=specs)
+
+    @rule(job_id=st.sampled_from(TARGETS))
+    def cancel(self, job_id: str) -> None:
+        self.propose(Op.CANCEL_JOB, self.model.cancel, now=self.now, job_id=job_id)
+
+    @rule(job_id=st.sampled_from(TARGETS))
+    def pause(self, job_id: str) -> None:
+        self.propose(Op.PAUSE_JOB, self.model.pause, now=self.now, job_id=job_id)
+
+    @rule(job_id=st.sampled_from(TARGETS))
+    def resume(self, job_id: str) -> None:
+        self.propose(Op.RESUME_JOB, self.model.resume, now=self.now, job_id=job_id)
+
+    @rule(job_id=st.sampled_from(TARGETS), changes=CHANGES)
+    def update(self, job_id: str, changes: Rec) -> None:
+        if "schedule" in changes:
+            changes = dict(changes, schedule=resolve(changes["schedule"], self.now), schedule_spec={})
+        self.propose(Op.UPDATE_JOB, self.model.update, now=self.now, job_id=job_id, changes=changes)
+
+    @rule(job_id=st.sampled_from(TARGETS), align=st.booleans(), ahead=st.integers(0, 3))
+    def trigger(self, job_id: str, align: bool, ahead: int) -> None:
+        """With `align`, the trigger lands exactly on an occurrence time of an interval job, at
+        least `ahead` periods past its next fire time (no scan claimed it meanwhile). That run
+        then stands for the occurrence: no second run, not even in a later catch-up."""
+        job = self.model.jobs.get(job_id)
+        if align and job is not None and job["schedule"]["kind"] == "every":
+            nxt, every = job["next_fire_us"], job["schedule"]["every_us"]
+            target = self.now if nxt is None else max(self.now, nxt + ahead * every)
+            self.now = next_at_or_after(job["schedule"], target)
+        self.propose(Op.TRIGGER_JOB, self.model.trigger, now=self.now, job_id=job_id)
+
+    # -- claims -------------------------------------------------------------------------------
+
+    @rule(dt=st.one_of(st.just(0), TIME_STEPS),
+          drop=st.one_of(st.just(frozenset()), st.frozensets(st.sampled_from(JOB_IDS), min_size=1, max_size=2)),
+          window=CLAIM_WINDOWS)
+    def claim(self, dt: int, drop: frozenset[str], window: tuple[int, int]) -> None:
+        """What the leader's due scan does (after dt passes), repeated at one `now` until
+        nothing is due; the jobs in `drop` are deliberately never proposed."""
+        self.now += dt
+        lookahead, grace = window
+        until = self.now + lookahead
+        for _ in range(CLAIM_ROUNDS_MAX):
+            due = self.d.due(until)
+            assert set(due) == self.model.due(until), f"due {due} != model {self.model.due(until)}"
+            batch = [[j, fire] for j, fire in due if j not in drop]
+            if not batch:
+                break
+            self.claimed.extend(batch)
+            self.propose(Op.CLAIM_BATCH, self.model.claim, now=self.now, grace_us=grace, claims=batch)
+        else:
+            raise AssertionError(f"claims at {self.now} did not converge in {CLAIM_ROUNDS_MAX} rounds")
+        left = [j for j, job in self.snap.jobs.items() if job["state"] == "scheduled" and job["next_fire_us"] <= until]
+        assert set(left) <= drop, f"due and unclaimed after the claim: {left}"
+
+    @precondition(lambda self: self.claimed)
+    @rule(i=st.integers(0, 1000), n=st.integers(1, 3))
+    def replay_claim(self, i: int, n: int) -> None:
+        """An old proposal again (stale leader, retried entry): must change nothing unless it is current."""
+        start = i % len(self.claimed)
+        self.propose(Op.CLAIM_BATCH, self.model.claim, now=self.now, grace_us=GRACE_US,
+                     claims=self.claimed[start:start + n])
+
+    # -- leases -------------------------------------------------------------------------------
+
+    @rule(workers=st.lists(st.sampled_from(WORKERS), min_size=1, max_size=2, unique=True),
+          skip_mask=st.one_of(st.just(0), st.integers(1, 255)), extra=st.lists(PICK, max_size=2),
+          ghost=st.booleans(), lease_s=st.sampled_from([2, 5, 30]), dt=SMALL_STEPS)
+    def lease(self, workers: list[str], skip_mask: int, extra: list[int], ghost: bool, lease_s: int,
+              dt: int) -> None:
+        self.now += dt
+        ready = self.d.ready(self.now)
+        assert ready == self.model.ready(self.now), f"ready {ready} != model {self.model.ready(self.now)}"
+        ids = [r for n, r in enumerate(ready) if not skip_mask >> (n % 8) & 1]
+        every = self._run_ids()
+        ids += [every[i % len(every)] for i in extra if every] + ([GHOST_RUN] if ghost else [])
+        grants = [[workers[0], ids]] + [[w, ids[::-1]] for w in workers[1:]]  # a second worker asks for the same
+        self.propose(Op.LEASE_BATCH, self.model.lease, now=self.now, lease_until=self.now + lease_s * S,
+                     grants=grants)
+
+    def _pick_lease(self, i: int, mode: str) -> tuple[str, str, int]:
+        """(run_id, worker_id, fence): the holder of a lease (live ones first), or a wrong one."""
+        if mode == "zombie" and self.granted:
+            return self.granted[i % len(self.granted)]
+        pool = (self._run_ids(lambda r: r["state"] == "running" and r["lease_until_us"] > self.now)
+                or self._run_ids(lambda r: r["state"] == "running") or self._run_ids())
+        if not pool or mode == "ghost":
+            return GHOST_RUN, WORKERS[0], 1
+        run = self.model.runs[pool[i % len(pool)]]
+        worker, fence = run["worker_id"] or WORKERS[0], run["fence"]
+        if mode == "wrong_fence":
+            older = [f for r, _, f in self.granted if r == run["run_id"] and f != fence]
+            fence = older[i % len(older)] if older else fence + (1 if i % 2 else -1)
+        elif mode == "wrong_worker":
+            worker = WORKERS[(WORKERS.index(worker) + 1) % len(WORKERS)]
+        return run["run_id"], worker, fence
+
+    @precondition(lambda self: self.model.runs)
+    @rule(i=PICK, mode=LEASE_MODES, also=st.one_of(st.none(), st.tuples(PICK, LEASE_MODES)),
+          lease_s=st.sampled_from([1, 5, 30]), coalesced=st.booleans())
+    def heartbeat(self, i: int, mode: str, also: tuple[int, str] | None, lease_s: int, coalesced: bool) -> None:
+        """One worker's heartbeat for one or two leases, or (coalesced) one entry whose items
+        name their own workers, as the node batches them."""
+        picks = [self._pick_lease(i, mode)] + ([self._pick_lease(*also)] if also else [])
+        if coalesced:
+            self.propose(Op.HEARTBEAT, self.model.heartbeat, now=self.now, lease_until=self.now + lease_s * S,
+                         leases=[[run_id, fence, worker] for run_id, worker, fence in picks])
+        else:
+            self.propose(Op.HEARTBEAT, self.model.heartbeat, now=self.now, worker_id=picks[0][1],
+                         lease_until=self.now + lease_s * S, leases=[[run_id, fence] for run_id, _, fence in picks])
+
+    @precondition(lambda self: self.model.runs)
+    @rule(i=PICK, mode=LEASE_MODES, also=st.one_of(st.none(), st.tuples(PICK, LEASE_MODES)), coalesced=st.booleans())
+    def ack(self, i: int, mode: str, also: tuple[int, str] | None, coalesced: bool) -> None:
+        """Acks of one or two leases, from one worker or (coalesced) naming each its own."""
+        picks = [self._pick_lease(i, mode)] + ([self._pick_lease(*also)] if also else [])
+        if coalesced:
+            self.propose(Op.ACK, self.model.ack, now=self.now,
+                         acks=[[run_id, fence, '"done"', worker] for run_id, worker, fence in picks])
+        else:
+            self.propose(Op.ACK, self.model.ack, now=self.now, worker_id=picks[0][1],
+                         acks=[[run_id, fence, '"done"'] for run_id, _, fence in picks])
+
+    @precondition(lambda self: self.model.runs)
+    @rule(i=PICK, mode=LEASE_MODES)
+    def nack(self, i: int, mode: str) -> None:
+        run_id, worker, fence = self._pick_lease(i, mode)
+        self.propose(Op.NACK, self.model.nack, now=self.now, worker_id=worker, run_id=run_id, fence=fence,
+                     error="boom")
+
+    @precondition(lambda self: any(r["state"] == "retry_wait" for r in self.model.runs.values()))
+    @rule(worker=st.sampled_from(WORKERS), dt=st.integers(0, S), lease_s=st.sampled_from([1, 2, 30]))
+    def retry(self, worker: str, dt: int, lease_s: int) -> None:
+        """Wait out the earliest backoff (time only moves forward) and lease what is ready again."""
+        wake = min(r["available_us"] for r in self.model.runs.values() if r["state"] == "retry_wait")
+        self.now = max(self.now, wake) + dt
+        self.propose(Op.LEASE_BATCH, self.model.lease, now=self.now, lease_until=self.now + lease_s * S,
+                     grants=[[worker, self.d.ready(self.now)]])
+
+    def _superseded(self) -> list[tuple[str, str, int]]:
+        """Earlier leases of runs that are running again under a newer fence."""
+        return [(r, w, f) for r, w, f in self.granted
+                if self.model.runs.get(r, {}).get("state") == "running" and self.model.runs[r]["fence"] != f]
+
+    @precondition(lambda self: self._superseded())
+    @rule(i=PICK, op=ZOMBIE_OPS, dt=SMALL_STEPS, lapse=st.booleans())
+    def zombie(self, i: int, op: Op, dt: int, lapse: bool) -> None:
+        """The previous holder of a re-leased run (or a deposed leader's reaper) acts on the old
+        fence; with `lapse`, once the current lease has run out too."""
+        run_id, worker, fence = self._superseded()[i % len(self._superseded())]
+        if lapse:
+            self.now = max(self.now, self.model.runs[run_id]["lease_until_us"])
+        self.now += dt
+        self._act(op, run_id, worker, fence)
+
+    def _act(self, op: Op, run_id: str, worker: str, fence: int) -> None:
+        if op == Op.ACK:
+            self.propose(op, self.model.ack, now=self.now, worker_id=worker, acks=[[run_id, fence, None]])
+        elif op == Op.NACK:
+            self.propose(op, self.model.nack, now=self.now, worker_id=worker, run_id=run_id, fence=fence, error="x")
+        elif op == Op.HEARTBEAT:
+            self.propose(op, self.model.heartbeat, now=self.now, worker_id=worker, lease_until=self.now + 30 * S,
+                         leases=[[run_id, fence]])
+        else:
+            self.propose(op, self.model.expire, now=self.now, runs=[[run_id, fence]])
+
+    @precondition(lambda self: self.model.runs)
+    @rule(worker=st.sampled_from(WORKERS), dt=SMALL_STEPS, later=SMALL_STEPS, lease_s=st.sampled_from([2, 5, 30]),
+          outcomes=st.lists(st.sampled_from(["ack", "ack", "nack", "nack", "vanish"]), min_size=1, max_size=4),
+          zombie_op=st.one_of(st.none(), ZOMBIE_OPS))
+    def work(self, worker: str, dt: int, later: int, lease_s: int, outcomes: list[str], zombie_op: Op | None) -> None:
+        """A worker's round: lease what is ready, then after `later` ack, nack or vanish per task.
+        With zombie_op, the previous holder of a re-leased task first acts on its old fence."""
+        self.now += dt
+        ready = self.d.ready(self.now)[:len(outcomes)]
+        if not ready:
+            return
+        earlier = list(self.granted)
+        res = self.propose(Op.LEASE_BATCH, self.model.lease, now=self.now, lease_until=self.now + lease_s * S,
+                           grants=[[worker, ready]])
+        self.now += later
+        for task, outcome in zip(res["grants"][0][1], outcomes):
+            old = [g for g in earlier if g[0] == task["run_id"]]
+            if zombie_op is not None and old:
+                self._act(zombie_op, *old[-1])
+            if outcome == "ack":
+                self.propose(Op.ACK, self.model.ack, now=self.now, worker_id=worker,
+                             acks=[[task["run_id"], task["fence"], None]])
+            elif outcome == "nack":
+                self.propose(Op.NACK, self.model.nack, now=self.now, worker_id=worker, run_id=task["run_id"],
+                             fence=task["fence"], error="boom")
+
+    @rule(stale=st.sampled_from(["none", "none", "old_fence", "live", "other"]), i=PICK, dt=SMALL_STEPS,
+          fresh=st.sampled_from([True, True, False]))
+    def expire(self, stale: str, i: int, dt: int, fresh: bool) -> None:
+        """What the lease reaper proposes (after dt passes), sometimes after pairs that must
+        be ignored: an earlier lease of a run, a live lease, any run. Without `fresh`, only
+        those: a deposed leader's reaper that never saw the newer leases."""
+        self.now += dt
+        with self.d.store.read() as txn:
+            found = queries.expired_leases(txn, self.d.store.tables, self.now, 100)
+        assert set(found) == self.model.expired(self.now), f"expired {found} != model {self.model.expired(self.now)}"
+        live = self._run_ids(lambda r: r["state"] == "running" and r["lease_until_us"] > self.now)
+        older = [[r, f] for r, _, f in self.granted if self.model.runs.get(r, {}).get("fence") not in (None, f)]
+        older_running = [[r, f] for r, f in older if self.model.runs[r]["state"] == "running"]
+        pool = {"old_fence": older_running or older,
+                "live": [[r, self.model.runs[r]["fence"]] for r in live],
+                "other": [[r, self.model.runs[r]["fence"]] for r in self._run_ids()], "none": []}[stale]
+        pairs = ([pool[i % len(pool)]] if pool else []) + ([list(p) for p in found] if fresh else [])
+        if pairs:
+            self.propose(Op.EXPIRE_LEASES, self.model.expire, now=self.now, runs=pairs)
+
+    @precondition(lambda self: any(r["state"] == "dead_letter" for r in self.model.runs.values()))
+    @rule(i=PICK)
+    def redrive(self, i: int) -> None:
+        pool = self._run_ids(lambda r: r["state"] == "dead_letter")
+        self.propose(Op.REDRIVE_RUN, self.model.redrive, now=self.now, run_id=pool[i % len(pool)])
+
+    @precondition(lambda self: self.model.runs)
+    @rule(i=PICK, ghost=st.booleans())
+    def redrive_other(self, i: int, ghost: bool) -> None:
+        """Re-driving what is not a dead letter (or nothing) is a conflict that changes nothing."""
+        pool = self._run_ids()
+        self.propose(Op.REDRIVE_RUN, self.model.redrive, now=self.now,
+                     run_id=GHOST_RUN if ghost else pool[i % len(pool)])
+
+    # -- determinism ----------------------------------------------------------------------------
+
+    def check_replica(self) -> None:
+        """The same entries on a second store give the same bytes."""
+        if self.replica is None:
+            self.replica = Driver(os.path.join(self.tmp, "replica"))
+        for op, payload in self.log[self.replayed:]:
+            self.replica.apply(op, **payload)
+        self.replayed = len(self.log)
+        assert self.replica.digest() == self.d.digest(), "replica diverged from the same entries"
+
+    @invariant()
+    def replicas_agree(self) -> None:
+        self.steps += 1
+        if self.steps % REPLICA_EVERY_STEPS == 0:
+            self.check_replica()
+
+    def teardown(self) -> None:
+        try:
+            self.check_replica()
+        finally:
+            for d in (self.d, self.replica):
+                if d is not None:
+                    d.store.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+MODEL_SETTINGS = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def test_store_matches_model() -> None:
+    run_state_machine_as_test(SchedulerMachine, settings=MODEL_SETTINGS)
+
+
+# -- regressions found by the machine ------------------------------------------------------------
+
+def test_rearm_below_runs_claimed_ahead_then_catch_up_keeps_one_run_per_occurrence(tmp_path: pathlib.Path) -> None:
+    """Found by this machine (fixed in 0ba2217): with lookahead_s over the period, runs are
+    claimed ahead; pruning a skipped one left a gap, a re-arm put next_fire_us into it, and the
+    catch-up after an outage inserted a second run for an occurrence still taken: apply raised
+    on every replica. test_semantics covers the trigger route to the same collision."""
+    d = Driver(str(tmp_path / "db"))
+    d.create("e", {"kind": "every", "every_us": S, "anchor_us": T0}, overlap_policy="skip", history_limit=2)
+    for now in (T0 + S // 5, T0 + 6 * S // 5):  # the leader's scans with lookahead_s=3 (valid: < misfire_grace_s)
+        while due := d.due(now + 3 * S):
+            d.apply(Op.CLAIM_BATCH, now=now, grace_us=5 * S, claims=[list(item) for item in due])
+    d.apply(Op.PAUSE_JOB, now=T0 + 13 * S // 10, job_id="e")
+    d.apply(Op.RESUME_JOB, now=T0 + 14 * S // 10, job_id="e")  # re-armed to T0+2, below T0+3 and T0+4
+    for _ in range(CLAIM_ROUNDS_MAX):  # the leader scans until nothing is due (a taken
+        if not d.due(T0 + 30 * S):  # occurrence advances the job one step per entry)
+            break
+        d.claim_due(T0 + 30 * S)
+    assert d.job("e")["next_fire_us"] == T0 + 31 * S  # T0+25..T0+30 were on time (within the grace)
+    times = [r["scheduled_us"] for r in d.runs("e")]
+    assert len(times) == len(set(times))
+
+
+def test_cancelled_job_is_not_delivered_again_after_its_running_attempt_fails(tmp_path: pathlib.Path) -> None:
+    d = Driver(str(tmp_path / "db"))
+    d.create("e", {"kind": "every", "every_us": 60 * S, "anchor_us": T0}, max_attempts=3)
+    d.claim_due(T0 + 60 * S)
+    (task,) = d.lease(T0 + 60 * S)
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 61 * S, job_id="e")["ok"]  # the running run may finish...
+    d.apply(Op.NACK, now=T0 + 62 * S, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="x")
+    d.apply(Op.CANCEL_JOB, now=T0 + 63 * S, job_id="e")
+    assert d.lease(T0 + 120 * S) == []  # ...but is not run again for a cancelled job
