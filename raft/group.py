@@ -53,6 +53,28 @@ class _Replica(SyncObj):
         return self._group._apply(self.raftLastApplied + 1, blob)
 
 
+def _backtrack_to_commit_index(replica: SyncObj) -> None:
+    """Make a follower whose log diverged catch up in one step.
+
+    pysyncobj 0.3.17's leader sends several append batches per tick. A follower
+    with a stale suffix (a cut-off leader's uncommitted entries) answers the first
+    with "back up one entry" and the rest with "resend from my log end"; the
+    leader applies the answers in order, lands on the log end again, and the
+    follower never catches up (a livelock once the leader is a batch ahead).
+    Every failed answer is rewritten here to "resend from my commit index + 1":
+    committed entries always match the leader's, so the next batch's prevLogIdx
+    matches and pysyncobj replaces the stale suffix at once."""
+    transport = replica._SyncObj__transport
+    send = transport.send
+
+    def send_with_backtrack(node: Any, message: dict[str, Any]) -> Any:
+        if message.get("type") == "next_node_idx" and message.get("reset") and not message.get("success"):
+            message = dict(message, next_node_idx=min(message["next_node_idx"], replica.raftCommitIndex + 1))
+        return send(node, message)
+
+    transport.send = send_with_backtrack
+
+
 def _fatal_default(message: str) -> None:
     log.critical("fatal_apply_error %s; stopping the node (it replays the entry on restart)", message)
     logging.shutdown()
@@ -96,6 +118,7 @@ class Group:
         # node (it replays on restart) instead of leaving pysyncobj half-alive.
         self.journal.on_error = lambda error: self._on_fatal(f"group={group_id} journal: {error}")
         journal.make_durable(self.replica, self.journal)
+        _backtrack_to_commit_index(self.replica)
 
     def _apply(self, index: int, blob: bytes) -> Any:
         """Never lets an exception escape into pysyncobj: one that did would freeze the tick."""

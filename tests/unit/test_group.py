@@ -154,3 +154,54 @@ def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop) -
     finally:
         for g in groups:
             g.destroy()
+
+
+def big_create_blob(job_id: str) -> bytes:
+    return ops.encode(Op.CREATE_JOBS, {"now": T0, "jobs": [{
+        "job_id": job_id, "schedule": {"kind": "at", "at_us": T0 + 3600 * S}, "schedule_spec": {},
+        "queue": "q", "payload_json": '"' + "x" * 4000 + '"', "max_attempts": 1, "priority": 0}]})
+
+
+def test_a_cut_off_leader_with_uncommitted_entries_catches_up_after_heal(tmp_path: pathlib.Path, loop) -> None:
+    """Regression (found by jepsen-style, seeds 3 and 11): a former leader holding
+    uncommitted entries, more than one append batch (64 KiB) behind the new leader,
+    must replace its stale suffix and converge instead of livelocking."""
+    ports = free_ports(3)
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    cut: set[tuple[str, str]] = set()
+
+    def start(i: int) -> Group:
+        cfg = RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
+                         data_dir=str(tmp_path / f"n{i}"), **FAST)
+        group = Group(0, cfg, on_fatal=pytest.fail)
+        transport = group.replica._SyncObj__transport
+        send = transport.send
+
+        def partitioned_send(node: Any, message: Any) -> Any:
+            if (addrs[i], node.address) in cut:
+                return None
+            return send(node, message)
+        transport.send = partitioned_send
+        return group
+
+    groups = [start(i) for i in range(3)]
+    try:
+        wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
+        old = next(g for g in groups if g.is_leader())
+        propose(old, loop, create_blob("before"))
+        others = [g for g in groups if g is not old]
+        for g in others:
+            cut.update({(old.self_addr, g.self_addr), (g.self_addr, old.self_addr)})
+        for i in range(10):  # appended by the cut-off leader, never committed
+            old.replica.apply_entry(create_blob(f"stale-{i}"), callback=lambda result, error: None)
+        wait_until(lambda: any(g.is_leader() for g in others), 15, "a new leader on the majority side")
+        new = next(g for g in others if g.is_leader())
+        for i in range(40):  # ~160 KiB: more than one 64 KiB append batch ahead
+            propose(new, loop, big_create_blob(f"new-{i}"))
+        cut.clear()
+        wait_until(lambda: old.store.last_applied() == new.store.last_applied(), 20,
+                   "the former leader to converge")
+        assert job_count(old) == job_count(new) == 41
+    finally:
+        for g in groups:
+            g.destroy()

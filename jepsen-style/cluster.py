@@ -1,0 +1,189 @@
+"""The nodes of a run: start (in their namespaces), kill -9, SIGSTOP/SIGCONT,
+restart on the same data dir, clock offsets, and "who leads" — all from the
+outside, over signals, files the daemon documents (--clock-offset-file) and HTTP."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import net
+import wire
+from history import History
+
+HTTP_PORT = 8080
+RAFT_PORT = 9080
+STOP_WAIT_S = 20.0
+
+
+@dataclass
+class Node:
+    idx: int
+    data_dir: str
+    log_path: str
+    offset_file: str
+    proc: subprocess.Popen | None = None
+    paused: bool = False
+    incarnation: int = 0  # bumped on every start: a restart resets what the node reports
+    offset_s: float = 0.0
+
+    @property
+    def ip(self) -> str:
+        return net.node_ip(self.idx)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ip}:{HTTP_PORT}"
+
+    @property
+    def raft(self) -> str:
+        return f"{self.ip}:{RAFT_PORT}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Cluster:
+    def __init__(self, n: int, out_dir: str, lease_s: float, history: History, repo_root: str) -> None:
+        self.history = history
+        self.lease_s = lease_s
+        self.repo_root = repo_root
+        base = os.path.join(out_dir, "nodes")
+        os.makedirs(base, exist_ok=True)
+        self.nodes = [Node(i, os.path.join(base, f"n{i}"), os.path.join(base, f"n{i}.log"),
+                           os.path.join(base, f"n{i}.clock-offset")) for i in range(n)]
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    def start(self, i: int) -> None:
+        node = self.nodes[i]
+        peers = ",".join(p.raft for p in self.nodes if p.idx != i)
+        args = ["ip", "netns", "exec", net.node_ns(i), sys.executable, "-m", "schedulerd.main",
+                "--data-dir", node.data_dir, "--http", f"{node.ip}:{HTTP_PORT}", "--raft", node.raft,
+                "--peers", peers, "--clock-offset-file", node.offset_file, "--lease-s", str(self.lease_s)]
+        log = open(node.log_path, "ab")
+        # `ip netns exec` execs the command in place: the pid we get is the daemon's own.
+        node.proc = subprocess.Popen(args, cwd=self.repo_root, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        log.close()
+        node.paused = False
+        node.incarnation += 1
+        self.history.add("node", node=i, event="start", pid=node.proc.pid, incarnation=node.incarnation)
+
+    def start_all(self) -> None:
+        for node in self.nodes:
+            self.set_offset(node.idx, 0.0, record=False)
+            self.start(node.idx)
+
+    def kill(self, i: int) -> None:
+        node = self.nodes[i]
+        if node.proc is None:
+            return
+        node.proc.send_signal(signal.SIGKILL)
+        if node.paused:
+            node.proc.send_signal(signal.SIGCONT)
+        node.proc.wait(STOP_WAIT_S)
+        self.history.add("node", node=i, event="kill", pid=node.proc.pid)
+        node.proc, node.paused = None, False
+
+    def pause(self, i: int) -> None:
+        node = self.nodes[i]
+        if node.alive() and not node.paused:
+            node.proc.send_signal(signal.SIGSTOP)
+            node.paused = True
+            self.history.add("node", node=i, event="pause", pid=node.proc.pid)
+
+    def resume(self, i: int) -> None:
+        node = self.nodes[i]
+        if node.alive() and node.paused:
+            node.proc.send_signal(signal.SIGCONT)
+            node.paused = False
+            self.history.add("node", node=i, event="resume", pid=node.proc.pid)
+
+    def set_offset(self, i: int, seconds: float, record: bool = True) -> None:
+        """Write-then-rename: the daemon re-reads the file on mtime change and must
+        never see it half-written (an empty file reads as offset 0)."""
+        node = self.nodes[i]
+        tmp = node.offset_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{seconds:.6f}\n")
+        os.replace(tmp, node.offset_file)
+        node.offset_s = seconds
+        if record:
+            self.history.add("clock", node=i, offset_s=seconds)
+
+    def heal_processes(self) -> None:
+        """Every node running, none paused, no clock offset."""
+        for node in self.nodes:
+            if node.offset_s != 0.0:
+                self.set_offset(node.idx, 0.0)
+            if node.paused:
+                self.resume(node.idx)
+            if not node.alive():
+                if node.proc is not None:  # died on its own: that is news for the report
+                    self.history.add("node", node=node.idx, event="died", rc=node.proc.returncode)
+                    node.proc = None
+                self.start(node.idx)
+
+    def stop_all(self) -> None:
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            if node.paused:
+                node.proc.send_signal(signal.SIGCONT)
+            node.proc.send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            try:
+                node.proc.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                node.proc.kill()
+                node.proc.wait(STOP_WAIT_S)
+            node.proc = None
+
+    # -- observation ------------------------------------------------------
+
+    def status(self, i: int, timeout_s: float = 2.0) -> dict[str, Any] | None:
+        node = self.nodes[i]
+        if not node.alive() or node.paused:
+            return None
+        reply = wire.request("GET", node.url + "/v1/cluster", timeout_s=timeout_s)
+        if reply.status != 200 or not isinstance(reply.body, dict):
+            return None
+        return reply.body["groups"][0]
+
+    def leader(self) -> int | None:
+        """The live node that believes it leads; the highest term wins when an
+        isolated old leader still believes too."""
+        best: tuple[int, int] | None = None
+        for node in self.nodes:
+            s = self.status(node.idx)
+            if s and s.get("is_leader"):
+                if best is None or s["term"] > best[0]:
+                    best = (s["term"], node.idx)
+        return best[1] if best else None
+
+    def wait_leader(self, timeout_s: float) -> int | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            leader = self.leader()
+            if leader is not None:
+                return leader
+            time.sleep(0.2)
+        return None
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Every node answers /readyz (has a leader, caught up)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(wire.request("GET", n.url + "/readyz", timeout_s=2).status == 200 for n in self.nodes):
+                return True
+            time.sleep(0.3)
+        return False
