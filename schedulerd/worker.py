@@ -277,6 +277,13 @@ class Worker:
 
     async def _run_task(self, server: str, task: Task) -> None:
         try:
+            if _seconds_until(task.lease_until) <= 0:
+                # Delivered after its lease ran out (the answer was held up in the
+                # network): the run is someone else's by now, so running it would
+                # only be a needless duplicate.
+                log.warning("task_expired_on_arrival run_id=%s fence=%d", task.run_id, task.fence)
+                self.stats.lease_lost += 1
+                return
             lease = self._new_lease(server, task)
             older = self._leases.get(task.run_id)
             if older is not None:  # redelivered to us while we still run it: the old fence is dead

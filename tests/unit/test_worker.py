@@ -584,3 +584,19 @@ def test_a_queue_takes_one_handler():
     worker.handler("q")(lambda task: None)
     with pytest.raises(ValueError, match="already has a handler"):
         worker.handler("q")(lambda task: None)
+
+
+def test_a_task_delivered_after_its_lease_expired_is_not_run(net):
+    cluster = FakeCluster(lease_s=-1.0)  # every lease has run out by the time it arrives
+    node = net.node(cluster)
+    worker = Worker([node.url], worker_id="w1", wait_s=1.0)
+    ran: list[Task] = []
+
+    @worker.handler("emails")
+    def send(task: Task) -> None:
+        ran.append(task)
+
+    cluster.add("emails", {"to": "late@example.com"})
+    net.run(worker)
+    wait_until(lambda: worker.stats.lease_lost >= 1, what="the expired delivery to be dropped")
+    assert ran == [] and cluster.bodies("ack") == []
