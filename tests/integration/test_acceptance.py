@@ -88,3 +88,19 @@ def _refused(url: str) -> bool:
     except OSError:
         return True
     return False
+
+
+def test_raft_stays_on_loopback_unless_named(tmp_path) -> None:
+    """pysyncobj speaks pickle: even with the API on all interfaces, Raft binds loopback by default."""
+    (port,) = free_ports(1)
+    proc = subprocess.Popen([sys.executable, "-m", "schedulerd.main", "--data-dir", str(tmp_path / "d"),
+                             "--http", f"0.0.0.0:{port}"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http("GET", url + "/readyz", timeout_s=2)[0] == 200, 30, "node ready")
+        status, info = http("GET", url + "/v1/cluster")
+        assert info["node"] == f"127.0.0.1:{port + 1000}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
