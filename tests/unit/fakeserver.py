@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, unquote, urlsplit
 
 NOW = "2026-01-01T00:00:00Z"
-LEASE_UNTIL = "2026-01-01T00:00:30Z"
+LEASE_UNTIL = "2099-01-01T00:00:30Z"  # far ahead: the SDK drops tasks whose lease already ended
 JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # Scheduling options a job accepts on create and PATCH (docs/api.md); stored as given.
 OPTIONS = ("misfire_policy", "catchup_limit", "starting_deadline_s", "overlap_policy", "backoff",
