@@ -18,6 +18,19 @@ from history import History
 HTTP_PORT = 8080
 RAFT_PORT = 9080
 STOP_WAIT_S = 20.0
+# Each node's data dir is its own small tmpfs, so the disk nemesis can fill it.
+DISK_SOURCE = "sdj-disk"  # the mount source name marks our mounts for cleanup
+DISK_MB = 384
+DISK_LEFT_BYTES = 32 << 20  # under the daemon's disk_free_bytes_min (64 MiB): writes refused
+FILLER = "jepsen-filler"
+
+
+def cleanup_mounts() -> None:
+    """Unmount every tmpfs a harness run mounted (ours or a crashed earlier one's)."""
+    with open("/proc/mounts") as fh:
+        ours = [line.split()[1] for line in fh if line.split()[0] == DISK_SOURCE]
+    for path in ours:
+        subprocess.run(["umount", "-l", path], check=False)
 
 
 @dataclass
@@ -78,8 +91,32 @@ class Cluster:
 
     def start_all(self) -> None:
         for node in self.nodes:
+            os.makedirs(node.data_dir, exist_ok=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", DISK_SOURCE, node.data_dir],
+                           check=True)
             self.set_offset(node.idx, 0.0, record=False)
             self.start(node.idx)
+
+    def fill_disk(self, i: int) -> int:
+        """Fill node i's data dir until DISK_LEFT_BYTES are free; returns the bytes left."""
+        node = self.nodes[i]
+        st = os.statvfs(node.data_dir)
+        size = max(0, st.f_bavail * st.f_frsize - DISK_LEFT_BYTES)
+        with open(os.path.join(node.data_dir, FILLER), "wb") as fh:
+            fh.truncate(0)
+            chunk = b"\0" * (1 << 20)
+            for _ in range(size >> 20):
+                fh.write(chunk)
+        self.history.add("disk", node=i, event="fill", bytes=size)
+        st = os.statvfs(node.data_dir)
+        return st.f_bavail * st.f_frsize
+
+    def unfill_disks(self) -> None:
+        for node in self.nodes:
+            path = os.path.join(node.data_dir, FILLER)
+            if os.path.exists(path):
+                os.remove(path)
+                self.history.add("disk", node=node.idx, event="free")
 
     def kill(self, i: int) -> None:
         node = self.nodes[i]
@@ -119,7 +156,8 @@ class Cluster:
             self.history.add("clock", node=i, offset_s=seconds)
 
     def heal_processes(self) -> None:
-        """Every node running, none paused, no clock offset."""
+        """Every node running, none paused, no clock offset, disks with room."""
+        self.unfill_disks()
         for node in self.nodes:
             if node.offset_s != 0.0:
                 self.set_offset(node.idx, 0.0)

@@ -9,7 +9,7 @@ from typing import Any
 
 from wire import parse_us
 
-NODE_FAULT_KINDS = ("kill", "pause", "partition", "clock")
+NODE_FAULT_KINDS = ("kill", "pause", "partition", "clock", "disk")
 Occ = tuple[str, int]
 
 

@@ -18,13 +18,14 @@ from history import History
 from net import Net
 from workers import WorkerPool
 
-KINDS = ("kill", "pause", "partition", "clock", "worker")
+KINDS = ("kill", "pause", "partition", "clock", "worker", "disk")
 VARIANTS = {
     "kill": ("leader", "follower", "all"),
     "pause": ("leader-election", "leader-lease"),
     "partition": ("isolate-leader", "isolate-follower", "bridge", "one-way"),
     "clock": ("bump", "strobe"),
     "worker": ("kill", "isolate"),
+    "disk": ("full-leader", "full-follower"),
 }
 LEADER_LOSS = {("kill", "leader"), ("kill", "all"), ("pause", "leader-election"), ("pause", "leader-lease"),
                ("partition", "isolate-leader")}
@@ -54,6 +55,8 @@ def _hold_s(kind: str, variant: str, rng: random.Random, lease_s: float) -> floa
         return rng.uniform(5.0, 8.0)
     if kind == "clock":
         return rng.uniform(5.0, 10.0)
+    if kind == "disk":
+        return rng.uniform(4.0, 8.0)
     return rng.uniform(1.0, 3.0) if variant == "kill" else lease_s + rng.uniform(2.0, 4.0)
 
 
@@ -106,7 +109,7 @@ class Nemesis:
 
     def _one(self, fault: Fault) -> None:
         # Node faults are aimed relative to the leader (it, or one of its followers).
-        needs_leader = fault.kind in ("kill", "partition", "pause")
+        needs_leader = fault.kind in ("kill", "partition", "pause", "disk")
         leader = self.cluster.wait_leader(LEADER_WAIT_S) if needs_leader else None
         if needs_leader and leader is None:
             self.history.add("nemesis_skipped", n=fault.n, kind=fault.kind, variant=fault.variant,
@@ -144,6 +147,10 @@ class Nemesis:
         if k == "clock":
             node = int(fault.pick * n)
             return [node], f"{v} {fault.magnitude_s:+.1f}s"
+        if k == "disk":
+            victim = leader if v == "full-leader" else chosen
+            left = self.cluster.fill_disk(victim)
+            return [victim], f"data dir of node {victim} filled to {left // (1 << 20)} MiB free"
         return self._worker_fault(v, fault.pick)
 
     def _partition(self, variant: str, leader: int, chosen: int, pick: float) -> tuple[list[int], str]:

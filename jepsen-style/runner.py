@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import checker
+import cluster as cluster_mod
 import finalreads
 import history as history_mod
 import nemesis
@@ -59,6 +60,7 @@ class Run:
             json.dump([f.__dict__ for f in faults], fh, indent=2)
         self.log(f"seed {a.seed}: {len(faults)} faults planned: "
                  + ", ".join(f"{f.kind}/{f.variant}" for f in faults) + f"; output in {self.out}")
+        cluster_mod.cleanup_mounts()
         self.net.setup()
         self.cluster.start_all()
         if not self.cluster.wait_ready(READY_WAIT_S):
@@ -134,7 +136,7 @@ class Run:
         self._torn_down = True
         steps = [lambda: self.nemesis and self.nemesis.stop_event.set(),
                  lambda: self.workload.stop_event.set(), self.monitor.stop_event.set,
-                 self.workers.stop_all, self.cluster.stop_all,
+                 self.workers.stop_all, self.cluster.stop_all, cluster_mod.cleanup_mounts,
                  self.net.teardown, self.history.close]
         for step in steps:
             try:

@@ -119,6 +119,8 @@ class Group:
         self.journal.on_error = lambda error: self._on_fatal(f"group={group_id} journal: {error}")
         journal.make_durable(self.replica, self.journal)
         _backtrack_to_commit_index(self.replica)
+        self._step_down_requested = False
+        self.replica.addOnTickCallback(self._step_down_if_requested)
 
     def _apply(self, index: int, blob: bytes) -> Any:
         """Never lets an exception escape into pysyncobj: one that did would freeze the tick."""
@@ -154,6 +156,18 @@ class Group:
 
         self.replica.apply_entry(blob, callback=done)
         return fut
+
+    def request_step_down(self) -> None:
+        """Hand leadership to the most caught-up follower (thread-safe: done in the tick thread,
+        the only thread pysyncobj's state may be touched from)."""
+        self._step_down_requested = True
+
+    def _step_down_if_requested(self) -> None:
+        if self._step_down_requested:
+            self._step_down_requested = False
+            if self.replica._isLeader():
+                log.warning("leadership_transfer group=%d reason=requested", self.group_id)
+                self.replica.transferLeadership()
 
     def is_leader(self) -> bool:
         return self.replica._isLeader()

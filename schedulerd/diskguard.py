@@ -30,6 +30,9 @@ class DiskGuard:
             self._checked_at = now
         return self._free_bytes
 
+    def low(self) -> bool:
+        return self.free_bytes() < self.free_bytes_min
+
     def check(self) -> None:
         free = self.free_bytes()
         if free < self.free_bytes_min:

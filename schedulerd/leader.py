@@ -18,6 +18,8 @@ from storage.ops import Op
 
 log = logging.getLogger("schedulerd.leader")
 
+STEP_DOWN_RETRY_S = 2.0  # a transfer takes about an election; ask again after this
+
 
 class LeaderLoops:
     def __init__(self, node: Node) -> None:
@@ -37,6 +39,12 @@ class LeaderLoops:
         interval = self.node.config.scan_interval_s
         while True:
             try:
+                if group.is_leader() and self.node.disk.low():
+                    # This node cannot write: claims would stall here, so let a node
+                    # with room lead (a full leader would hold up every dispatch).
+                    group.request_step_down()
+                    await asyncio.sleep(STEP_DOWN_RETRY_S)
+                    continue
                 if group.is_leader():
                     busy = await self.claim_due(group)
                     busy |= await self.expire_leases(group)

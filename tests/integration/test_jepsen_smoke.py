@@ -5,7 +5,9 @@ top of that the figures must show each fault kind happened and jobs ran.
 
 Seed 1 is the classic smoke (kill, pause, partition). Seed 3 runs every fault
 kind, and its plan isolates a leader that keeps taking writes: it found the
-pysyncobj catch-up livelock (a former leader that never converged)."""
+pysyncobj catch-up livelock (a former leader that never converged). Seed 5
+fills the leader's data dir (a small tmpfs): writes there get 503 and the node
+hands leadership over, so dispatch goes on."""
 from __future__ import annotations
 
 import json
@@ -25,6 +27,7 @@ RUN = ROOT / "jepsen-style" / "run"
 SMOKES = {  # seed: (duration_s, fault kinds)
     1: (60, ("kill", "pause", "partition")),
     3: (90, ("kill", "pause", "partition", "clock", "worker")),
+    5: (60, ("disk", "kill", "partition")),  # fills the leader's data dir: it must hand over
 }
 # The run itself takes about 100 s; the rest is room for a loaded 2-core box and for
 # waiting on another harness run that holds the machine-wide lock.

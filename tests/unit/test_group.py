@@ -205,3 +205,21 @@ def test_a_cut_off_leader_with_uncommitted_entries_catches_up_after_heal(tmp_pat
     finally:
         for g in groups:
             g.destroy()
+
+
+def test_request_step_down_hands_leadership_to_a_follower(tmp_path: pathlib.Path, loop) -> None:
+    ports = free_ports(3)
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    groups = [Group(0, RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
+                                  data_dir=str(tmp_path / f"n{i}"), **FAST), on_fatal=pytest.fail)
+              for i in range(3)]
+    try:
+        wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
+        old = next(g for g in groups if g.is_leader())
+        propose(old, loop, create_blob("x"))
+        old.request_step_down()
+        wait_until(lambda: any(g.is_leader() for g in groups if g is not old) and not old.is_leader(), 10,
+                   "another node to lead")
+    finally:
+        for g in groups:
+            g.destroy()
