@@ -1,0 +1,160 @@
+"""`python -m bench SCENARIO [options]`: schedulerd (3 nodes on 127.0.0.1, fsync on)
+side by side with APScheduler and Celery+Redis (`--peers apscheduler,celery`).
+
+Scenarios (issue 5): create, steady [--find-max], spike, recurring, scale, failover.
+Defaults are small so a smoke run is quick; bench/README.md has the sizes the
+issue's targets are about. Every process a scenario starts is stopped before it
+returns, and every run is bounded in time.
+
+The existing fsync benchmark stays a module of its own: `python -m bench.raft_fsync`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench import profile, scenarios, sd_scenarios
+from bench.common import BenchError, uptime_line
+from bench.scenarios import Options
+
+NOT_DISK_FS = {"tmpfs", "ramfs"}
+
+
+def _fs_type(path: str) -> str:
+    best, fstype = "", "?"
+    with open("/proc/mounts") as f:
+        for line in f:
+            _, mount, kind, *_ = line.split()
+            if os.path.realpath(path).startswith(mount) and len(mount) > len(best):
+                best, fstype = mount, kind
+    return fstype
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--peers", default="", help="comma list: apscheduler,celery (default: schedulerd only)")
+    common.add_argument("--workers", type=int, default=4, help="schedulerd worker processes (the SDK)")
+    common.add_argument("--worker-concurrency", type=int, default=300, help="task slots per worker process")
+    common.add_argument("--in-flight", type=int, default=16, help="concurrent create requests of the feeder")
+    common.add_argument("--data-root", default=tempfile.gettempdir(), help="run dirs go here (a real disk)")
+    common.add_argument("--keep", action="store_true", help="keep the run dir (logs, data, worker records)")
+    common.add_argument("--json", help="write the raw results here")
+    common.add_argument("--profile-s", type=float, default=0.0,
+                        help="steady/spike/scale: py-spy the schedulerd leader for this many seconds")
+    sub = p.add_subparsers(dest="scenario", required=True)
+
+    s = sub.add_parser("create", parents=[common], help="jobs accepted per second")
+    s.add_argument("--count", type=int, default=2000, help="jobs created one per request")
+    s.add_argument("--batch-count", type=int, default=20000, help="jobs created in batches of 100")
+    s.add_argument("--concurrency", type=int, default=64, help="concurrent requests (batches: a eighth)")
+    s.add_argument("--peer-threads", type=int, default=4, help="client threads of the peers")
+
+    s = sub.add_parser("steady", parents=[common], help="R one-off jobs/s due uniformly")
+    s.add_argument("--rate", type=float, default=200.0, help="jobs due per second (--find-max: first rate)")
+    s.add_argument("--duration", type=float, default=20.0, help="seconds of due times")
+    s.add_argument("--lead-s", type=float, default=5.0, help="each job is created this long before it is due")
+    s.add_argument("--drain-s", type=float, default=30.0, help="wait this long after the last due time")
+    s.add_argument("--find-max", action="store_true", help="search the highest rate with p99 < 1 s")
+    s.add_argument("--max-rate", type=float, default=20000.0)
+    s.add_argument("--bisect-steps", type=int, default=3)
+
+    s = sub.add_parser("spike", parents=[common], help="N jobs due at the same instant")
+    s.add_argument("--jobs", type=int, default=5000)
+    s.add_argument("--drain-s", type=float, default=120.0)
+
+    s = sub.add_parser("recurring", parents=[common], help="K cron jobs on '* * * * *'")
+    s.add_argument("--jobs", type=int, default=500)
+    s.add_argument("--minutes", type=int, default=2)
+    s.add_argument("--drain-s", type=float, default=50.0)
+
+    s = sub.add_parser("scale", parents=[common], help="many live far-future jobs, then steady (schedulerd)")
+    s.add_argument("--live", type=int, default=50_000)
+    s.add_argument("--baseline-live", type=int, default=10_000)
+    s.add_argument("--rate", type=float, default=200.0)
+    s.add_argument("--duration", type=float, default=20.0)
+    s.add_argument("--lead-s", type=float, default=5.0)
+    s.add_argument("--drain-s", type=float, default=30.0)
+
+    s = sub.add_parser("failover", parents=[common], help="kill -9 the leader during a steady run (schedulerd)")
+    s.add_argument("--rate", type=float, default=200.0)
+    s.add_argument("--duration", type=float, default=20.0)
+    s.add_argument("--kill-after-s", type=float, default=8.0, help="seconds after the first due time")
+    s.add_argument("--lead-s", type=float, default=5.0)
+    s.add_argument("--drain-s", type=float, default=30.0)
+    return p.parse_args(argv)
+
+
+def run(a: argparse.Namespace, opts: Options) -> scenarios.Report:
+    if a.scenario == "create":
+        return scenarios.create(opts, a.count, a.batch_count, a.concurrency, a.peer_threads)
+    if a.scenario == "steady" and a.find_max:
+        return scenarios.find_max(opts, a.rate, a.max_rate, a.duration, a.lead_s, a.drain_s, a.bisect_steps)
+    if a.scenario == "steady":
+        return scenarios.steady(opts, a.rate, a.duration, a.lead_s, a.drain_s)
+    if a.scenario == "spike":
+        return scenarios.spike(opts, a.jobs, a.drain_s)
+    if a.scenario == "recurring":
+        return scenarios.recurring(opts, a.jobs, a.minutes, a.drain_s)
+    if a.scenario == "scale":
+        return sd_scenarios.scale(opts, a.live, a.baseline_live, a.rate, a.duration, a.lead_s, a.drain_s)
+    return sd_scenarios.failover(opts, a.rate, a.duration, a.kill_after_s, a.lead_s, a.drain_s)
+
+
+def _profiles(report: scenarios.Report) -> str:
+    infos: dict[str, Any] = report.raw.get("infos") or {}
+    if "info" in report.raw:
+        infos = {"schedulerd": report.raw["info"]}
+    out = [f"### py-spy, schedulerd leader ({name})\n\n{profile.render(i['profile'])}"
+           for name, i in infos.items() if isinstance(i, dict) and "tick_phases" in i.get("profile", {})]
+    return "\n\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    # SIGTERM (timeout, kill) unwinds through the scenarios' finally blocks like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    peers = [p.strip() for p in a.peers.split(",") if p.strip()]
+    if _fs_type(a.data_root) in NOT_DISK_FS:
+        print(f"error: {a.data_root} is tmpfs: fsync is free there; pass --data-root on a disk", file=sys.stderr)
+        return 2
+    run_dir = tempfile.mkdtemp(prefix=f"bench-{a.scenario}-", dir=a.data_root)
+    opts = Options(run_dir, peers, a.workers, a.worker_concurrency, a.in_flight, a.profile_s)
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    before = uptime_line()
+    print(f"bench {a.scenario}: run dir {run_dir}; nproc {os.cpu_count()}; started {started}", file=sys.stderr)
+    print(f"uptime before: {before}", file=sys.stderr)
+    try:
+        report = run(a, opts)
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not a.keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    after = uptime_line()
+    print(f"command: python -m bench {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"started {started}; nproc {os.cpu_count()}\nuptime before: {before}\nuptime after:  {after}\n")
+    print(report.render())
+    for line in report.raw.get("uptime", []):
+        print(f"  uptime {line}")
+    prof = _profiles(report)
+    if prof:
+        print("\n" + prof)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"scenario": a.scenario, "args": vars(a), "started": started, "uptime_before": before,
+                       "uptime_after": after, "report": report.raw, "rows": [r.__dict__ for r in report.rows],
+                       "notes": report.notes}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
