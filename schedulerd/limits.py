@@ -19,6 +19,9 @@ class Limits:
     error_chars_max: int = 4 * 1024
     # Jobs in one POST /v1/jobs:batch (one Raft entry; keep it well under 64 KiB chunking).
     create_batch_max: int = 100
+    # Encoded size that concurrent creates may share in one Raft entry (a single create
+    # or batch request above it still goes alone).
+    create_entry_bytes_max: int = 256 * 1024
     # Due occurrences claimed in one Raft entry.
     claim_batch_max: int = 500
     # Due-index keys read per scan tick.

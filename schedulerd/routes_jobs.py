@@ -6,6 +6,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from schedulerd import jobspec, request as req, views
+from schedulerd.coalescer import Coalescer
 from schedulerd.errors import InvalidRequest, NotFound, from_wire
 from schedulerd.node import Node
 from storage import queries
@@ -13,15 +14,20 @@ from storage.model import JobState
 from storage.ops import Op
 
 JOB_STATES = {s.value for s in JobState}
+SPEC_BYTES_ESTIMATE = 512  # a job's encoded size besides its payload, for sizing coalesced entries
 
 
 def routes(node: Node) -> list[web.RouteDef]:
     limits = node.config.limits
+    # One Raft entry per create would cap single creates at the commit rate.
+    creates = Coalescer(node.propose, Op.CREATE_JOBS, "jobs", "results", limits.create_entry_bytes_max,
+                        extra=lambda: {"now": node.clock.now_us()},
+                        weight=lambda spec: len(spec["payload_json"]) + SPEC_BYTES_ESTIMATE)
 
     async def create(request: web.Request) -> web.Response:
         now = node.clock.now_us()
         spec = jobspec.parse_job(await req.body(request), now, limits, request.headers.get("Idempotency-Key"))
-        (result,) = await _create(node, [spec], now)
+        (result,) = await _create(node, creates, [spec])
         if not result["ok"]:
             raise from_wire(result["code"], result["message"])
         return web.json_response(_job_view(node, result["job_id"]), status=200 if result.get("existing") else 201)
@@ -88,7 +94,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         specs = [jobspec.parse_job(job, now, limits) for job in raw]
         if len({s["job_id"] for s in specs}) != len(specs):
             raise InvalidRequest("job_id values in one batch must be distinct")
-        results = await _create(node, specs, now)
+        results = await _create(node, creates, specs)
         out = [{"job_id": r["job_id"], "ok": True, "job": _job_view(node, r["job_id"])} if r["ok"]
                else {"job_id": r["job_id"], "ok": False, "error": {"code": r["code"], "message": r["message"]}}
                for r in results]
@@ -167,16 +173,15 @@ def routes(node: Node) -> list[web.RouteDef]:
     ]
 
 
-async def _create(node: Node, specs: list[dict[str, Any]], now: int) -> list[dict[str, Any]]:
-    """Propose creates, one entry per group; results in the order of specs."""
+async def _create(node: Node, creates: Coalescer, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Propose creates (concurrent requests share entries); results in the order of specs."""
     by_group: dict[int, list[int]] = {}
     for position, spec in enumerate(specs):
         by_group.setdefault(node.group_of_job(spec["job_id"]).group_id, []).append(position)
     out: list[dict[str, Any]] = [{}] * len(specs)
     for group_id, positions in by_group.items():
-        result = await node.propose(node.groups[group_id], Op.CREATE_JOBS,
-                                    {"now": now, "jobs": [specs[p] for p in positions]})
-        for position, r in zip(positions, result["results"]):
+        results = await creates.submit(node.groups[group_id], [specs[p] for p in positions])
+        for position, r in zip(positions, results):
             out[position] = r
     return out
 
