@@ -39,6 +39,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             results.append({"job_id": job_id, **_fail("conflict", f"job {job_id!r} already exists")})
             continue
         job = {k: v for k, v in spec.items() if k != "request_hash"}
+        job["schedule"] = _anchored(spec["schedule"], now)
         job.update(state=JobState.SCHEDULED.value, shard=keys.shard_of(job_id),
                    next_fire_us=cron.first_fire(spec["schedule"], now),
                    created_us=now, updated_us=now, raft_index=ctx.index)
@@ -50,6 +51,12 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                         db=ctx.tables.idempotency)
         results.append({"job_id": job_id, "ok": True})
     return {"results": results}
+
+
+def _anchored(schedule: dict[str, Any], now: int) -> dict[str, Any]:
+    """An interval counts from the entry that creates (or reschedules) the job, so its grid
+    is exactly created_at/updated_at + k * every on every replica."""
+    return dict(schedule, anchor_us=now) if schedule["kind"] == "every" else schedule
 
 
 def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -131,6 +138,8 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         return _fail("conflict", f"job {job_id!r} is cancelled")
     old_fire = job["next_fire_us"]
     job.update({k: v for k, v in changes.items() if k in UPDATABLE}, updated_us=now)
+    if "schedule" in changes:
+        job["schedule"] = _anchored(changes["schedule"], now)
     if "schedule" in changes and job["state"] != JobState.PAUSED:
         job["next_fire_us"] = cron.first_fire(job["schedule"], now)
         if job["state"] == JobState.COMPLETED and job["next_fire_us"] is not None:
