@@ -41,7 +41,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         job = {k: v for k, v in spec.items() if k != "request_hash"}
         job["schedule"] = _anchored(spec["schedule"], now)
         job.update(state=JobState.SCHEDULED.value, shard=keys.shard_of(job_id),
-                   next_fire_us=cron.first_fire(spec["schedule"], now),
+                   next_fire_us=cron.first_fire(job["schedule"], now),
                    created_us=now, updated_us=now, raft_index=ctx.index)
         if job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)

@@ -278,3 +278,9 @@ def test_history_never_drops_an_occurrence_still_ahead(d: Driver) -> None:
     d.apply(Op.CLAIM_BATCH, now=T0, claims=[["e", T0 + 2 * S]])  # ahead, skipped (overlap)
     d.apply(Op.CLAIM_BATCH, now=T0, claims=[["e", T0 + 3 * S]])
     assert [r["scheduled_us"] for r in d.runs("e")] == [T0 + S, T0 + 2 * S, T0 + 3 * S]
+
+
+def test_an_interval_counts_from_the_creating_entry(d: Driver) -> None:
+    d.create("e", {"kind": "every", "every_us": S, "anchor_us": T0 - 3_000}, now=T0)
+    job = d.job("e")
+    assert job["created_us"] == T0 and job["next_fire_us"] == T0 + S
