@@ -52,6 +52,14 @@ class _Replica(SyncObj):
         # raftLastApplied + 1 is the index of the entry being applied, the same on every node.
         return self._group._apply(self.raftLastApplied + 1, blob)
 
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        # The tick callback commits before the tick waits for the network; this
+        # also covers the early return pysyncobj takes while its transport is not ready.
+        try:
+            super()._onTick(timeToWait)
+        finally:
+            self._group._commit_applied()
+
 
 def _backtrack_to_commit_index(replica: SyncObj) -> None:
     """Make a follower whose log diverged catch up in one step.
@@ -83,7 +91,11 @@ def _fatal_default(message: str) -> None:
 
 class Group:
     """A Raft group on this node. Thread model: pysyncobj's tick thread applies
-    entries and fires callbacks; asyncio callers get results through futures."""
+    entries and fires callbacks; asyncio callers get results through futures.
+
+    All entries a tick applies share one LMDB txn, committed at the end of the
+    tick (one fsync for all of them). Results and on_applied notices wait for
+    that commit, so whoever learns of an entry can read it on this node."""
 
     def __init__(self, group_id: int, conf: RaftConfig, on_applied: Applied | None = None,
                  on_fatal: Callable[[str], None] = _fatal_default) -> None:
@@ -91,6 +103,8 @@ class Group:
         self.conf = conf
         self._on_applied = on_applied
         self._on_fatal = on_fatal
+        self._after_commit: list[Callable[[], None]] = []
+        self._failed: str | None = None
         os.makedirs(conf.data_dir, exist_ok=True)
         base = os.path.join(conf.data_dir, f"group-{group_id}")
         self.store = Store(base + ".lmdb", group_id, conf.lmdb_map_bytes)
@@ -100,8 +114,8 @@ class Group:
         sconf = SyncObjConf(
             journalFile=journal_path,
             fullDumpFile=base + ".snapshot",
-            serializer=lambda path, data: snapshot.write(self.store, path, data),
-            deserializer=lambda path: snapshot.restore(self.store, path),
+            serializer=self._write_snapshot,
+            deserializer=self._restore_snapshot,
             appendEntriesUseBatch=False,
             appendEntriesPeriod=conf.append_entries_period_s,
             raftMinTimeout=conf.election_timeout_s_min,
@@ -120,21 +134,56 @@ class Group:
         journal.make_durable(self.replica, self.journal)
         _backtrack_to_commit_index(self.replica)
         self._step_down_requested = False
+        self.replica.addOnTickCallback(self._commit_applied)
         self.replica.addOnTickCallback(self._step_down_if_requested)
 
     def _apply(self, index: int, blob: bytes) -> Any:
-        """Never lets an exception escape into pysyncobj: one that did would freeze the tick."""
+        """Never lets an exception escape into pysyncobj: one that did would freeze the tick.
+
+        After a fatal error nothing more is applied or committed: this tick's txn
+        holds a half-applied entry, and applying later entries without it would
+        make this replica diverge. The node stops and replays from its journal."""
+        if self._failed is not None:
+            return {"fatal": self._failed}
         try:
             op, result = fsm.apply(self.store, index, blob)
         except fsm.FatalApplyError as exc:
+            self._failed = str(exc)
+            self.store.abort_applied()
+            self._after_commit.clear()
             self._on_fatal(f"group={self.group_id} {exc}")
             return {"fatal": str(exc)}
         if self._on_applied is not None and op is not None:
-            try:
-                self._on_applied(self.group_id, op, result)
-            except Exception:
-                log.exception("on_applied callback failed group=%d raft_index=%d", self.group_id, index)
+            self._after_commit.append(lambda: self._notify_applied(index, op, result))
         return result
+
+    def _notify_applied(self, index: int, op: Op, result: dict[str, Any]) -> None:
+        assert self._on_applied is not None
+        try:
+            self._on_applied(self.group_id, op, result)
+        except Exception:
+            log.exception("on_applied callback failed group=%d raft_index=%d", self.group_id, index)
+
+    def _commit_applied(self) -> None:
+        """Tick thread: make this tick's entries durable in LMDB, then tell whoever waits on them."""
+        if self._failed is None:
+            try:
+                self.store.commit_applied()
+            except Exception as exc:
+                self._failed = f"LMDB commit failed: {exc}"
+                self._after_commit.clear()
+                self._on_fatal(f"group={self.group_id} {self._failed}")
+        waiting, self._after_commit = self._after_commit, []
+        for notify in waiting:
+            notify()
+
+    def _write_snapshot(self, path: str, data: tuple[Any, ...]) -> None:
+        self._commit_applied()
+        snapshot.write(self.store, path, data)
+
+    def _restore_snapshot(self, path: str) -> tuple[Any, ...]:
+        self._commit_applied()
+        return snapshot.restore(self.store, path)
 
     def propose(self, blob: bytes, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Append blob to the log; the future resolves with the apply result once this
@@ -150,9 +199,16 @@ class Group:
                 reason, maybe = _FAILURES.get(error, (f"outcome unknown (reason {error})", True))
                 fut.set_exception(ProposalFailed(reason, maybe))
 
-        def done(result: Any, error: int) -> None:
+        def post(result: Any, error: int) -> None:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(settle, result, error)
+
+        def done(result: Any, error: int) -> None:
+            # Success is only ever reported by the tick thread, right after the apply.
+            if error == FAIL_REASON.SUCCESS:
+                self._after_commit.append(lambda: post(result, error))
+            else:
+                post(result, error)
 
         self.replica.apply_entry(blob, callback=done)
         return fut

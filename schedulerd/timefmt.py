@@ -3,6 +3,7 @@ microseconds since the Unix epoch (what storage/ keys and compares)."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from functools import lru_cache
 
 US_PER_S = 1_000_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -13,9 +14,14 @@ def to_iso(us: int | None) -> str | None:
     if us is None:
         return None
     seconds, micros = divmod(us, US_PER_S)
-    dt = datetime.fromtimestamp(seconds, tz=timezone.utc)
-    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    text = _second(seconds)
     return f"{text}.{micros:06d}Z" if micros else f"{text}Z"
+
+
+@lru_cache(maxsize=4096)
+def _second(seconds: int) -> str:
+    # Cached: a busy node renders thousands of times a second, mostly within the same few seconds.
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def from_iso(text: str) -> int:

@@ -18,7 +18,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 from urllib.parse import quote
 
 import aiohttp
@@ -26,6 +26,7 @@ import aiohttp
 from schedulerd import timefmt
 from schedulerd.errors import (Conflict, InvalidRequest, SchedulerError, StaleFence, TooLarge,
                                Unavailable, from_wire)
+from schedulerd.worker_acks import AckBatcher
 
 log = logging.getLogger("schedulerd.worker")
 
@@ -117,6 +118,7 @@ class Worker:
         self._started = False
         self._leases: dict[str, _Lease] = {}
         self._running: set[asyncio.Task[None]] = set()
+        self._acks = AckBatcher(self._post_any, self.worker_id)
 
     def handler(self, queue: str) -> Callable[[Handler], Handler]:
         """Register the function that runs tasks of `queue` (sync or async)."""
@@ -320,11 +322,17 @@ class Worker:
 
     async def _finish(self, lease: _Lease, verb: str, value: Any) -> None:
         task = lease.task
-        body = {"worker_id": self.worker_id, "fence": task.fence,
-                ("result" if verb == "ack" else "error"): value}
-        path = f"/v1/tasks/{quote(task.run_id, safe='')}/{verb}"
+        if verb == "ack":
+            def send() -> Awaitable[Any]:
+                return self._acks.ack(lease.server, task.run_id, task.fence, value)
+        else:
+            path = f"/v1/tasks/{quote(task.run_id, safe='')}/nack"
+            body = {"worker_id": self.worker_id, "fence": task.fence, "error": value}
+
+            def send() -> Awaitable[Any]:
+                return self._post_any(lease.server, path, body)
         try:
-            settled = await self._settle(lease, path, body)
+            settled = await self._settle(lease, verb, send)
         except Conflict as exc:
             # Expected after a heartbeat found the lease lost; otherwise news worth a warning.
             expected = isinstance(exc, StaleFence) and lease.lost
@@ -352,19 +360,19 @@ class Worker:
             log.info("task_nacked run_id=%s fence=%d error=%s",
                      task.run_id, task.fence, str(value).splitlines()[0])
 
-    async def _settle(self, lease: _Lease, path: str, body: dict[str, Any]) -> bool:
-        """POST to the delivering node, failing over to the others, until the lease
+    async def _settle(self, lease: _Lease, verb: str, send: Callable[[], Awaitable[Any]]) -> bool:
+        """Send to the delivering node, failing over to the others, until the lease
         would have expired (after that the run is redelivered and our fence is stale)."""
         loop = asyncio.get_running_loop()
         backoff = _backoff_s()
         while True:
             try:
-                await self._post_any(lease.server, path, body)
+                await send()
                 return True
             except _TRANSIENT as exc:
                 if loop.time() >= lease.deadline:
-                    log.error("task_settle_abandoned run_id=%s path=%s error=%s",
-                              lease.task.run_id, path, _describe(exc))
+                    log.error("task_settle_abandoned run_id=%s verb=%s error=%s",
+                              lease.task.run_id, verb, _describe(exc))
                     return False
             await asyncio.sleep(next(backoff))
 

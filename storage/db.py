@@ -1,6 +1,8 @@
 """One LMDB environment per Raft group, with its named databases.
 
-Data pages are fsynced at each commit, the meta page is not (metasync off):
+Entries are applied into one write txn per Raft tick (`apply_txn`), committed
+by `commit_applied` before anyone learns a result: one fsync per tick instead
+of one per entry. Data pages are fsynced at each commit, the meta page is not (metasync off):
 after a power loss LMDB is intact but may have lost its last transactions.
 That is safe because the Raft journal (fsynced before any ack) still holds
 every entry after the last snapshot, and restart re-applies whatever is above
@@ -46,13 +48,14 @@ class Store:
     """An LMDB environment plus the lock that lets a snapshot restore swap it.
 
     Reads and the swap take the lock; apply runs in the Raft tick thread, the
-    same thread that restores, so it never races the swap."""
+    same thread that restores and commits, so it never races the swap."""
 
     def __init__(self, path: str, group: int, map_bytes: int) -> None:
         self.path = path
         self.group = group
         self.map_bytes = map_bytes
         self._lock = threading.Lock()
+        self._applying: lmdb.Transaction | None = None
         self.env, self.tables = self._open()
 
     def _open(self) -> tuple[lmdb.Environment, Tables]:
@@ -74,9 +77,24 @@ class Store:
         with self._lock, self.env.begin() as txn:
             yield txn
 
-    def write(self) -> lmdb.Transaction:
-        """A write txn; only the Raft apply thread calls this."""
-        return self.env.begin(write=True)
+    def apply_txn(self) -> lmdb.Transaction:
+        """The write txn this tick's entries apply in, opened on first use (Raft tick thread only)."""
+        if self._applying is None:
+            self._applying = self.env.begin(write=True)
+        return self._applying
+
+    def commit_applied(self) -> bool:
+        """Commit (and fsync) what this tick applied; False if there was nothing."""
+        txn, self._applying = self._applying, None
+        if txn is None:
+            return False
+        txn.commit()
+        return True
+
+    def abort_applied(self) -> None:
+        txn, self._applying = self._applying, None
+        if txn is not None:
+            txn.abort()
 
     def last_applied(self) -> int:
         with self.read() as txn:
@@ -85,6 +103,7 @@ class Store:
     @contextmanager
     def swapping(self) -> Iterator[None]:
         """Close the environment for the body (which replaces its files), then reopen."""
+        self.commit_applied()
         with self._lock:
             self.env.close()
             try:
@@ -93,6 +112,7 @@ class Store:
                 self.env, self.tables = self._open()
 
     def close(self) -> None:
+        self.abort_applied()
         with self._lock:
             self.env.close()
 

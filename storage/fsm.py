@@ -1,6 +1,8 @@
-"""Where a command is applied: one Raft entry, one LMDB write txn.
+"""Where a command is applied: one Raft entry, in the store's apply txn.
 
-The txn also records the entry's index as last_applied, so replaying an entry
+The caller commits that txn (`Store.commit_applied`) once per batch of entries;
+an entry that raised must never be committed, so on `FatalApplyError` the caller
+aborts it and stops. The txn also records the entry's index as last_applied, so replaying an entry
 at or below it (pysyncobj replays the whole journal on restart) is a no-op.
 
 Two kinds of failure, kept apart:
@@ -52,11 +54,11 @@ def apply(store: Store, index: int, blob: bytes) -> tuple[Op | None, dict[str, A
     """Apply the entry at Raft index `index`; returns (op, result)."""
     try:
         op, payload = ops.decode(blob)
-        with store.write() as txn:
-            if index <= last_applied(txn, store.tables):
-                return None, ALREADY_APPLIED
-            result = HANDLERS[op](Ctx(txn, store.tables, store.group, index), payload)
-            set_last_applied(txn, store.tables, index)
+        txn = store.apply_txn()
+        if index <= last_applied(txn, store.tables):
+            return None, ALREADY_APPLIED
+        result = HANDLERS[op](Ctx(txn, store.tables, store.group, index), payload)
+        set_last_applied(txn, store.tables, index)
         log.debug("applied op=%s raft_index=%d", op.name, index)
         return op, result
     except ops.CorruptEntry as exc:

@@ -21,7 +21,12 @@ class Driver:
 
     def apply(self, op: Op, **payload: Any) -> dict[str, Any]:
         self.index += 1
-        applied_op, result = fsm.apply(self.store, self.index, ops.encode(op, payload))
+        try:
+            applied_op, result = fsm.apply(self.store, self.index, ops.encode(op, payload))
+        except fsm.FatalApplyError:
+            self.store.abort_applied()
+            raise
+        self.store.commit_applied()
         assert applied_op == op
         return result
 

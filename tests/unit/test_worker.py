@@ -134,6 +134,7 @@ class FakeNode:
         app.add_routes([
             web.post("/v1/tasks/poll", self.poll),
             web.post("/v1/tasks/heartbeat", self.heartbeat_batch),
+            web.post("/v1/tasks/ack", self.ack_batch),
             web.post("/v1/tasks/{run_id}/heartbeat", self.heartbeat),
             web.post("/v1/tasks/{run_id}/ack", self.settle),
             web.post("/v1/tasks/{run_id}/nack", self.settle),
@@ -187,6 +188,25 @@ class FakeNode:
                            if until else
                            {"run_id": lease["run_id"], "ok": False, "error": stale(lease["run_id"])})
         return self.reply("heartbeat_batch", body, 200, {"results": results})
+
+    async def ack_batch(self, request: web.Request) -> web.Response:
+        """Like the server: one oversized result refuses the whole request; otherwise
+        each item is recorded as if it came alone."""
+        body = await request.json()
+        if any(len(json.dumps(a.get("result"))) > self.cluster.result_bytes_max for a in body["acks"]):
+            return self.reply("ack_batch", body, 413, {"error": {"code": "too_large",
+                                                                "message": "result_bytes_max is exceeded"}})
+        results = []
+        for ack in body["acks"]:
+            item = {"worker_id": body["worker_id"], "fence": ack["fence"], "result": ack.get("result"),
+                    "run_id": ack["run_id"]}
+            if self.cluster.finish(ack["run_id"], body["worker_id"], ack["fence"]):
+                self.cluster.record("ack", self.url, item, 200)
+                results.append({"run_id": ack["run_id"], "ok": True})
+            else:
+                self.cluster.record("ack", self.url, item, 409)
+                results.append({"run_id": ack["run_id"], "ok": False, "error": stale(ack["run_id"])})
+        return self.reply("ack_batch", body, 200, {"results": results})
 
     async def settle(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -397,10 +417,36 @@ def test_result_the_server_refuses_is_nacked_with_the_reason(net):
     net.run(worker)
     wait_until(lambda: worker.stats.nacked == 1, what="the fallback nack")
 
-    assert [b["run_id"] for b in cluster.bodies("ack", status=413)] == [run_id]
+    refused = [a["run_id"] for b in cluster.bodies("ack_batch", status=413) for a in b["acks"]]
+    assert refused + [b["run_id"] for b in cluster.bodies("ack", status=413)] == [run_id]
     [nack] = cluster.bodies("nack")
     assert nack["error"].startswith("ResultRejected: ") and "result_bytes_max" in nack["error"]
     assert worker.stats.acked == 0
+
+
+def test_acks_finishing_together_share_a_request_and_one_refused_result_spares_the_rest(net):
+    cluster = FakeCluster()
+    cluster.result_bytes_max = 50
+    node = net.node(cluster)
+    worker = Worker([node.url], concurrency=20, wait_s=1.0)
+    gate = threading.Event()
+
+    @worker.handler("work")
+    def work(task):
+        gate.wait(10)
+        return "x" * 100 if task.payload == "big" else task.payload
+
+    big = cluster.add("work", "big")
+    small = [cluster.add("work", n) for n in range(9)]
+    net.run(worker)
+    wait_until(lambda: len(cluster.leased) == 10, what="all ten tasks leased")
+    gate.set()
+    wait_until(lambda: worker.stats.acked == 9 and worker.stats.nacked == 1, what="nine acks and one nack")
+
+    assert sorted(b["run_id"] for b in cluster.bodies("ack")) == sorted(small)
+    assert [b["run_id"] for b in cluster.bodies("nack")] == [big]
+    # Far fewer requests than acks: the first went alone, the rest rode together.
+    assert len(cluster.bodies("ack_batch")) + len(cluster.bodies("ack_batch", status=413)) < 9
 
 
 def test_rejected_poll_is_logged_as_error_and_retried(net, caplog):
