@@ -286,19 +286,30 @@ def task_op(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
     return 200, {"run": run}
 
 
-def heartbeat_batch(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
-                    body: Any) -> tuple[int, Any]:
+def _task_batch(cluster: FakeCluster, query: dict[str, str], body: Any, verb: str,
+                field: str) -> tuple[int, Any]:
     results = []
-    for lease in body["leases"]:
+    for item in body[field]:
         try:
-            task_op(cluster, {"run_id": lease["run_id"], "verb": "heartbeat"}, query,
-                    {"worker_id": body["worker_id"], "fence": lease["fence"]})
+            task_op(cluster, {"run_id": item["run_id"], "verb": verb}, query,
+                    {"worker_id": body["worker_id"], "fence": item["fence"], "result": item.get("result")})
         except FakeError as exc:
-            results.append({"run_id": lease["run_id"], "ok": False,
+            results.append({"run_id": item["run_id"], "ok": False,
                             "error": {"code": exc.code, "message": exc.message}})
         else:
-            results.append({"run_id": lease["run_id"], "ok": True, "lease_until": LEASE_UNTIL})
+            results.append({"run_id": item["run_id"], "ok": True, "lease_until": LEASE_UNTIL}
+                           if verb == "heartbeat" else {"run_id": item["run_id"], "ok": True})
     return 200, {"results": results}
+
+
+def heartbeat_batch(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+                    body: Any) -> tuple[int, Any]:
+    return _task_batch(cluster, query, body, "heartbeat", "leases")
+
+
+def ack_batch(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+              body: Any) -> tuple[int, Any]:
+    return _task_batch(cluster, query, body, "ack", "acks")
 
 
 def cluster_info(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
@@ -327,6 +338,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
         ("POST", r"/v1/runs/(?P<run_id>[^/]+)/retry", retry_run),
         ("GET", r"/v1/preview", preview),
         ("POST", r"/v1/tasks/heartbeat", heartbeat_batch),
+        ("POST", r"/v1/tasks/ack", ack_batch),
         ("GET", r"/v1/jobs/(?P<job_id>[^/]+)/runs", job_runs),
         ("GET", r"/v1/runs/(?P<run_id>[^/]+)", get_run),
         ("POST", r"/v1/tasks/poll", poll),
