@@ -133,8 +133,10 @@ def _cron_next(expr: str, seconds: bool, tz: str, after_us: int) -> int | None:
     in the module docstring. Walks the UTC timeline one constant-offset segment at a time."""
     named_hours = not _all_hours(expr, seconds)
     t = after_us  # exclusive lower bound; only grows
+    # The segment holding t itself, not t + 1: when t is the last instant before a
+    # spring-forward, the gap's fire time is t + 1, found only from the segment it ends.
+    seg = _segment(tz, t)
     for _ in range(_STEPS_MAX):
-        seg = _segment(tz, t + 1)
         # Cron matches fall on whole seconds, so "after t" is "after floor(t)" in seconds.
         wall_s = _next_wall_s(expr, seconds, t // US + seg.offset_s)
         if wall_s is None:
@@ -146,6 +148,7 @@ def _cron_next(expr: str, seconds: bool, tz: str, after_us: int) -> int | None:
                 # The named time does not exist (spring forward): run once, when the gap ends.
                 return seg.end_us
             t = seg.end_us - 1  # go on in the next segment, from its first instant
+            seg = _segment(tz, seg.end_us)
             continue
         if named_hours and fire_us < seg.repeat_until_us:
             # The second copy of a repeated wall-clock time: named hours ran at the first.

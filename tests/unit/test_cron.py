@@ -376,3 +376,14 @@ def test_is_fast_enough_for_raft_apply():
     per_call_s = (time.perf_counter() - began) / (len(schedules) * 200)
     # About 60 us here; the bound leaves room for slow CI machines.
     assert per_call_s < 0.002
+
+
+def test_a_gap_fire_is_found_from_the_last_instant_before_the_gap():
+    # Found by the property above: Berlin springs forward at 01:00Z on 2026-03-29, so
+    # 02:30 that night fires at 03:00 CEST (01:00Z). Asked from 1 µs before 01:00Z,
+    # next_after looked only at the new offset's segment and skipped to the next week.
+    schedule = cron.check_cron("30 2 * * 0", BERLIN)
+    gap_end = from_iso("2026-03-29T01:00:00Z")
+    assert cron.next_after(schedule, gap_end - 1) == gap_end
+    assert cron.next_after(schedule, gap_end - 10 * 60 * US) == gap_end
+    assert cron.next_after(schedule, gap_end) == from_iso("2026-04-05T00:30:00Z")
