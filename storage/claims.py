@@ -147,7 +147,8 @@ def _jitter_us(job: Record, fire_us: int, next_us: int | None) -> int:
 
 
 def _advance(ctx: Ctx, job: Record, nxt: int | None, fire_us: int, now: int) -> None:
+    was = job["state"]
     job.update(next_fire_us=nxt, updated_us=now)
     if nxt is None:
         job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
-    records.put_job(ctx, job, fire_us)
+    records.put_job(ctx, job, fire_us, was)

@@ -45,7 +45,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                    created_us=now, updated_us=now, raft_index=ctx.index)
         if job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
-        records.put_job(ctx, job, None)
+        records.put_job(ctx, job, None, None)
         if idem is not None:
             ctx.txn.put(keys.idempotency_key(idem), msgpack.packb([job_id, spec["request_hash"]]),
                         db=ctx.tables.idempotency)
@@ -70,9 +70,9 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     pending = _pending_runs(ctx, job_id)
     if job["state"] == JobState.COMPLETED and not pending:
         return _fail("conflict", f"job {job_id!r} is completed; nothing to cancel")
-    old_fire = job["next_fire_us"]
+    old_fire, was = job["next_fire_us"], job["state"]
     job.update(state=job_transition(job["state"], JobEvent.CANCEL), next_fire_us=None, updated_us=now)
-    records.put_job(ctx, job, old_fire)
+    records.put_job(ctx, job, old_fire, was)
     for run in pending:
         records.update_run(ctx, run, dict(run, state=run_transition(run["state"], RunEvent.CANCEL),
                                           finished_us=now, reason=Reason.JOB_CANCELLED.value))
@@ -93,7 +93,7 @@ def pause_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     if job["state"] == JobState.SCHEDULED:
         old_fire = job["next_fire_us"]
         job.update(state=job_transition(job["state"], JobEvent.PAUSE), next_fire_us=None, updated_us=cmd["now"])
-        records.put_job(ctx, job, old_fire)
+        records.put_job(ctx, job, old_fire, JobState.SCHEDULED)
     return {"ok": True}
 
 
@@ -108,7 +108,7 @@ def resume_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                    updated_us=now)
         if job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
-        records.put_job(ctx, job, None)
+        records.put_job(ctx, job, None, JobState.PAUSED)
     return {"ok": True}
 
 
@@ -136,7 +136,7 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         return _fail("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
         return _fail("conflict", f"job {job_id!r} is cancelled")
-    old_fire = job["next_fire_us"]
+    old_fire, was = job["next_fire_us"], job["state"]
     job.update({k: v for k, v in changes.items() if k in UPDATABLE}, updated_us=now)
     if "schedule" in changes:
         job["schedule"] = _anchored(changes["schedule"], now)
@@ -146,7 +146,7 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             job["state"] = job_transition(job["state"], JobEvent.REARM)
         elif job["state"] == JobState.SCHEDULED and job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
-    records.put_job(ctx, job, old_fire)
+    records.put_job(ctx, job, old_fire, was)
     return {"ok": True}
 
 

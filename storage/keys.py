@@ -14,6 +14,7 @@ PRIORITY_MAX = 9
 _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 _SEP = b"\x00"
+JOB_STATE_COUNTS = b"job_state_counts"  # meta key: {job state: number of jobs}
 
 
 def shard_of(job_id: str) -> int:

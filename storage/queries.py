@@ -9,6 +9,7 @@ import lmdb
 
 from storage import keys
 from storage.db import DB_NAMES, Tables
+from storage.model import JobState
 from storage.records import Record, unpack
 
 
@@ -144,6 +145,12 @@ def expired_leases(txn: lmdb.Transaction, t: Tables, now_us: int, limit: int) ->
             if len(out) >= limit:
                 break
     return out
+
+
+def job_state_counts(txn: lmdb.Transaction, t: Tables) -> dict[str, int]:
+    raw = txn.get(keys.JOB_STATE_COUNTS, db=t.meta)
+    counts = unpack(raw) if raw else {}
+    return {state.value: counts.get(state.value, 0) for state in JobState}
 
 
 def counts(txn: lmdb.Transaction, t: Tables) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import msgpack
 
 from storage import keys
 from storage.db import Tables
-from storage.model import PENDING_RUN_STATES, TERMINAL_RUN_STATES, RunState
+from storage.model import PENDING_RUN_STATES, TERMINAL_RUN_STATES, JobState, RunState
 
 Record = dict[str, Any]
 
@@ -48,9 +48,12 @@ def get_job(ctx: Ctx, job_id: str) -> Record | None:
     return unpack(raw) if raw else None
 
 
-def put_job(ctx: Ctx, job: Record, old_fire_us: int | None) -> None:
-    """Store a job and move its due-index entry from old_fire_us to its next_fire_us."""
+def put_job(ctx: Ctx, job: Record, old_fire_us: int | None, was: str | None) -> None:
+    """Store a job, move its due-index entry from old_fire_us to its next_fire_us, and
+    keep the count of jobs per state (`was`: its state before, None for a new job)."""
     job_id, shard = job["job_id"], job["shard"]
+    if was != job["state"]:
+        _count_job_state(ctx, was, job["state"])
     if old_fire_us is not None and old_fire_us != job["next_fire_us"]:
         ctx.txn.delete(keys.due_key(shard, old_fire_us, job_id), db=ctx.tables.due)
     if job["next_fire_us"] is not None:
@@ -65,6 +68,17 @@ def get_run(ctx: Ctx, run_id: str) -> Record | None:
 
 def occurrence_taken(ctx: Ctx, job_id: str, scheduled_us: int) -> bool:
     return ctx.txn.get(keys.occurrence_key(job_id, scheduled_us), db=ctx.tables.occurrences) is not None
+
+
+def _count_job_state(ctx: Ctx, was: str | None, now: str) -> None:
+    """Totals per job state, so a metrics scrape need not read every job."""
+    raw = ctx.txn.get(keys.JOB_STATE_COUNTS, db=ctx.tables.meta)
+    counts = unpack(raw) if raw else {}
+    if was is not None:
+        counts[JobState(was).value] = counts.get(JobState(was).value, 0) - 1
+    name = JobState(now).value  # a str Enum hashes by its name: key by the plain value
+    counts[name] = counts.get(name, 0) + 1
+    ctx.txn.put(keys.JOB_STATE_COUNTS, pack(counts), db=ctx.tables.meta)
 
 
 def job_stats(ctx: Ctx, job_id: str) -> Record:

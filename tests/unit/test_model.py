@@ -20,9 +20,11 @@ import os
 import pathlib
 import shutil
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -121,6 +123,7 @@ class Snapshot:
     ready: set[bytes]
     leases: set[bytes]
     dead_letters: set[bytes]
+    job_state_counts: dict[str, int]
 
 
 def scan(d: Driver) -> Snapshot:
@@ -139,6 +142,7 @@ def scan(d: Driver) -> Snapshot:
             runs={k.decode(): unpack(v) for k, v in items(t.runs)},
             occurrences=occurrences,
             stats={k.decode(): unpack(v) for k, v in items(t.job_stats)},
+            job_state_counts=unpack(txn.get(keys.JOB_STATE_COUNTS, db=t.meta) or msgpack.packb({})),
             due={k for k, _ in items(t.due)}, ready={k for k, _ in items(t.ready)},
             leases={k for k, _ in items(t.leases)}, dead_letters={k for k, _ in items(t.dead_letters)})
 
@@ -197,6 +201,9 @@ def check_store(snap: Snapshot) -> None:
     assert snap.due == due, f"due index {sorted(snap.due)} != scheduled jobs' next fire {sorted(due)}"
     for job_id, job in snap.jobs.items():
         assert job["state"] == "scheduled" or job["next_fire_us"] is None, f"{job_id} {job['state']} has a fire time"
+    by_state = Counter(job["state"] for job in snap.jobs.values())
+    assert {k: v for k, v in snap.job_state_counts.items() if v} == dict(by_state), \
+        f"job state counts {snap.job_state_counts} != the jobs' states {dict(by_state)}"
     runs = snap.runs.values()
     assert snap.leases == {keys.lease_key(r["lease_until_us"], r["run_id"]) for r in runs if r["state"] == "running"}, \
         "lease index != running runs"
