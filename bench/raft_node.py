@@ -261,7 +261,7 @@ def _open_window(group: Group, window: dict[str, Any]) -> None:
 def _close_window(group: Group, window: dict[str, Any]) -> None:
     window["cpu_s"] = time.process_time() - window["cpu_s"]
     stats = getattr(group.journal, "stats", None)
-    window["fsync"] = dataclasses.asdict(stats) if stats is not None else None
+    window["fsync"] = stats.summary() if stats is not None else None
     window["leader_at_end"] = group.is_leader()
 
 

@@ -6,7 +6,6 @@ renumber them and change what old log entries mean)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 from typing import Any, Callable
@@ -134,7 +133,10 @@ class Group:
         journal.make_durable(self.replica, self.journal)
         _backtrack_to_commit_index(self.replica)
         self._step_down_requested = False
+        self.leader_changes = 0
+        self._leader_seen: Any = None
         self.replica.addOnTickCallback(self._commit_applied)
+        self.replica.addOnTickCallback(self._watch_leader)
         self.replica.addOnTickCallback(self._step_down_if_requested)
 
     def _apply(self, index: int, blob: bytes) -> Any:
@@ -176,6 +178,15 @@ class Group:
         waiting, self._after_commit = self._after_commit, []
         for notify in waiting:
             notify()
+
+    def _watch_leader(self) -> None:
+        leader = self.replica._getLeader()
+        if leader != self._leader_seen:
+            if leader is not None:
+                self.leader_changes += 1
+                log.info("leader_changed group=%d leader=%s term=%d", self.group_id, leader.address,
+                         self.replica.raftCurrentTerm)
+            self._leader_seen = leader
 
     def _write_snapshot(self, path: str, data: tuple[Any, ...]) -> None:
         self._commit_applied()
@@ -244,7 +255,7 @@ class Group:
             "ready": self.replica.isReady(),
             "peers": self.peers,
             "journal_entries": s["log_len"],
-            "journal_fsync": dataclasses.asdict(self.journal.stats),
+            "journal_fsync": self.journal.stats.summary(),
         }
 
     def destroy(self) -> None:

@@ -27,7 +27,7 @@ import os
 import struct
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import msgpack
@@ -59,8 +59,15 @@ class SyncStats:
     time_s_total: float = 0.0
     time_s_last: float = 0.0
     time_s_max: float = 0.0
+    on_record: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
+
+    def summary(self) -> dict[str, float]:
+        return {"count": self.count, "time_s_total": self.time_s_total, "time_s_last": self.time_s_last,
+                "time_s_max": self.time_s_max}
 
     def record(self, time_s: float) -> None:
+        if self.on_record is not None:
+            self.on_record(time_s)
         self.count += 1
         self.time_s_total += time_s
         self.time_s_last = time_s

@@ -10,6 +10,7 @@ from aiohttp import web
 from schedulerd import routes_jobs, routes_preview, routes_tasks
 from schedulerd.errors import SchedulerError, Unavailable, status_of
 from schedulerd.lease_queue import LeaseQueue
+from schedulerd.metrics import Metrics
 from schedulerd.node import Node
 from storage.db import last_applied
 from storage.queries import state_digest
@@ -45,7 +46,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 def make_app(node: Node, leases: LeaseQueue) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=node.config.limits.request_bytes_max)
+    metrics = Metrics(node, lambda: leases.waiters)
+    metrics.attach()
+    app = web.Application(middlewares=[metrics.middleware, errors_middleware],
+                          client_max_size=node.config.limits.request_bytes_max)
 
     async def cluster(request: web.Request) -> web.Response:
         return web.json_response({"node": node.config.raft.self_addr,
@@ -73,7 +77,8 @@ def make_app(node: Node, leases: LeaseQueue) -> web.Application:
         return web.json_response({"ok": True})
 
     app.add_routes([web.get("/v1/cluster", cluster), web.get("/v1/cluster/digest", digest),
-                    web.get("/healthz", healthz), web.get("/readyz", readyz)])
+                    web.get("/healthz", healthz), web.get("/readyz", readyz),
+                    web.get("/metrics", metrics.handle)])
     app.add_routes(routes_jobs.routes(node))
     app.add_routes(routes_tasks.routes(node, leases))
     app.add_routes(routes_preview.routes(node))

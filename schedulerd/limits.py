@@ -44,6 +44,8 @@ class Limits:
     poll_waiters_max: int = 10_000
     # Fire times in one GET /v1/preview (computed inline on the event loop).
     preview_n_max: int = 100
+    # Keys a /metrics scrape reads per scan (overdue jobs, ready queue); past it, lower bounds.
+    metrics_scan_max: int = 100_000
     # Below this much free space on the data directory, the node refuses writes (503).
     disk_free_bytes_min: int = 64 * 1024 * 1024
 

@@ -15,6 +15,7 @@ import uvloop
 from aiohttp import web
 
 from raft.conf import RaftConfig
+from schedulerd import logfmt
 from schedulerd.api import make_app
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
@@ -78,13 +79,16 @@ async def serve(config: NodeConfig, clock: Clock) -> None:
               help="Testing: shift this node's wall clock by the seconds written in FILE (re-read on change).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(logfmt.FORMATS),
+              help="text: one line per event; json: one object per line, the event's key=value fields as keys.")
 @click.pass_context
 def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None, peers: str, groups: int,
-        lease_s: float, compaction_entries: int, clock_offset_file: str | None, log_level: str) -> None:
+        lease_s: float, compaction_entries: int, clock_offset_file: str | None, log_level: str,
+        log_format: str) -> None:
     """Run a schedulerd node. With no flags: a single-node cluster on 127.0.0.1:8080."""
     if ctx.invoked_subcommand is not None:
         return
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logfmt.configure(log_level, log_format)
     host, port = _addr(http_addr, "--http")
     # Raft is pickle on the wire (pysyncobj): loopback unless the operator names an address.
     raft_addr = raft_addr or f"127.0.0.1:{port + RAFT_PORT_OFFSET}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import lmdb
 
@@ -31,6 +31,8 @@ class Node:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.groups: list[Group] = []
         self._ready_event = asyncio.Event()
+        # Called in the Raft tick thread after each applied entry's commit (metrics).
+        self.applied_listeners: list[Callable[[Op, dict[str, Any]], None]] = []
         self.disk = DiskGuard(config.raft.data_dir, config.limits.disk_free_bytes_min)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -44,6 +46,8 @@ class Node:
 
     def _on_applied(self, group_id: int, op: Op, result: dict[str, Any]) -> None:
         """Runs in a Raft tick thread."""
+        for listener in self.applied_listeners:
+            listener(op, result)
         if op in READY_CHANGING and self.loop is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self._pulse_ready)
 

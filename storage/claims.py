@@ -29,6 +29,7 @@ def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     now, grace = cmd["now"], cmd.get("grace_us", DEFAULT_GRACE_US)
     queued: list[str] = []
     stale = skipped = 0
+    reasons: dict[str, int] = {}
     for job_id, fire_us in cmd["claims"]:
         job = records.get_job(ctx, job_id)
         if job is None or job["state"] != JobState.SCHEDULED or job["next_fire_us"] != fire_us:
@@ -51,7 +52,9 @@ def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                 queued.append(run["run_id"])
             else:
                 skipped += 1
-    return {"runs": queued, "skipped": skipped, "stale": stale}
+                reason = run["reason"] or "unknown"
+                reasons[reason] = reasons.get(reason, 0) + 1
+    return {"runs": queued, "skipped": skipped, "stale": stale, "skipped_reasons": reasons}
 
 
 def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int) -> list[Record]:

@@ -74,6 +74,12 @@ def split_ready_key(key: bytes) -> tuple[int, str]:
     return _U64.unpack(rest[:8])[0], rest[8:].decode()
 
 
+def split_ready_queue(key: bytes) -> tuple[str, int]:
+    """(queue, available_us) of a ready key."""
+    sep = key.index(_SEP)
+    return key[:sep].decode(), _U64.unpack(key[sep + 2:sep + 10])[0]
+
+
 def lease_key(lease_until_us: int, run_id: str) -> bytes:
     return _U64.pack(lease_until_us) + run_id.encode()
 

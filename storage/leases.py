@@ -39,7 +39,7 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             records.update_run(ctx, run, after)
             tasks.append(dict(after, payload_json=job["payload_json"] if job else "null"))
         grants.append([worker_id, tasks])
-    return {"grants": grants, "skipped": skipped}
+    return {"grants": grants, "skipped": skipped, "now": now}
 
 
 def _capped(lease_until: int, attempt_deadline: int | None) -> int:

@@ -60,14 +60,14 @@ def test_second_claim_of_an_occurrence_is_rejected(d: Driver) -> None:
     claim = [["a", T0 + 10 * S]]
     first = d.apply(Op.CLAIM_BATCH, now=T0 + 10 * S, claims=claim)
     second = d.apply(Op.CLAIM_BATCH, now=T0 + 10 * S, claims=claim)
-    assert len(first["runs"]) == 1 and second == {"runs": [], "skipped": 0, "stale": 1}
+    assert len(first["runs"]) == 1 and second == {"runs": [], "skipped": 0, "stale": 1, "skipped_reasons": {}}
     assert len(d.runs("a")) == 1
 
 
 def test_claim_with_wrong_fire_time_is_stale(d: Driver) -> None:
     d.create("a", AT)
-    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["a", T0 + 9 * S]]) == {"runs": [], "skipped": 0, "stale": 1}
-    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["missing", T0]]) == {"runs": [], "skipped": 0, "stale": 1}
+    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["a", T0 + 9 * S]]) == {"runs": [], "skipped": 0, "stale": 1, "skipped_reasons": {}}
+    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["missing", T0]]) == {"runs": [], "skipped": 0, "stale": 1, "skipped_reasons": {}}
 
 
 def test_recurring_claim_advances_to_next_occurrence(d: Driver) -> None:

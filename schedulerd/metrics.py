@@ -1,0 +1,219 @@
+"""GET /metrics: what an operator alerts on, in Prometheus text format.
+
+Two kinds of figure:
+- event counters and the dispatch-lateness histogram, fed from apply results
+  after each commit. Every replica applies every entry, so every node reports
+  the same counts (from its own start: a restart resets them, as Prometheus
+  counters may); query one node, or `max` across them, never `sum`;
+- state gauges (jobs by state, overdue jobs, queue depth and age, Raft) read
+  from this node's replica at scrape time. Scans are capped at
+  `metrics_scan_max` keys; `schedulerd_metrics_scan_truncated` says when a
+  figure is a lower bound.
+
+The registry belongs to the app, not the process: tests run several nodes in
+one interpreter."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from schedulerd.node import Node
+from storage import keys, queries
+from storage.model import RunState
+from storage.ops import Op
+
+US = 1_000_000
+LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+class Metrics:
+    def __init__(self, node: Node, poll_waiters: Callable[[], int]) -> None:
+        self.node = node
+        self.poll_waiters = poll_waiters
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.runs = Counter("schedulerd_run_events", "Run events applied on this replica, by event "
+                            "(claimed, leased, acked, nacked, retried, dead_lettered, lease_expired, "
+                            "cancelled, redriven).", ["event"], registry=r)
+        self.skipped = Counter("schedulerd_runs_skipped", "Occurrences recorded as skipped instead of run, "
+                               "by reason (misfire, overlap, deadline, catchup_limit).", ["reason"], registry=r)
+        self.lateness = Histogram("schedulerd_dispatch_lateness_seconds",
+                                  "First lease of an occurrence minus its scheduled time.",
+                                  buckets=LATENESS_BUCKETS_S, registry=r)
+        self.http = Histogram("schedulerd_http_request_duration_seconds", "HTTP requests by route and status.",
+                              ["method", "route", "status"], buckets=HTTP_BUCKETS_S, registry=r)
+        self.fsync = Histogram("schedulerd_raft_journal_fsync_seconds", "fdatasync of the Raft journal.",
+                               ["group"], buckets=FSYNC_BUCKETS_S, registry=r)
+        r.register(_StateCollector(self))
+
+    def attach(self) -> None:
+        """Start observing the node and its groups (after Node.start)."""
+        self.node.applied_listeners.append(self.on_applied)
+        for group in self.node.groups:
+            group.journal.stats.on_record = self.fsync.labels(str(group.group_id)).observe
+
+    def on_applied(self, op: Op, result: dict[str, Any]) -> None:
+        """Runs in the Raft tick thread, after the entry's commit."""
+        if op == Op.CLAIM_BATCH:
+            self.runs.labels("claimed").inc(len(result["runs"]))
+            for reason, count in result.get("skipped_reasons", {}).items():
+                self.skipped.labels(reason).inc(count)
+        elif op == Op.LEASE_BATCH:
+            now = result["now"]
+            leased = 0
+            for _, tasks in result["grants"]:
+                leased += len(tasks)
+                for task in tasks:
+                    if task["attempt"] == 1 and not task.get("trigger"):
+                        self.lateness.observe(max(0, now - task["scheduled_us"]) / US)
+            self.runs.labels("leased").inc(leased)
+            if result["skipped"]:
+                self.skipped.labels("deadline").inc(result["skipped"])
+        elif op == Op.ACK:
+            self.runs.labels("acked").inc(sum(1 for r in result["results"] if r["ok"]))
+        elif op == Op.NACK and result.get("ok"):
+            self.runs.labels("nacked").inc()
+            self._count_failure(result["run"]["state"])
+        elif op == Op.EXPIRE_LEASES:
+            self.runs.labels("lease_expired").inc(result["expired"])
+            self.runs.labels("dead_lettered").inc(result["dead_letter"])
+            self.runs.labels("retried").inc(result["expired"] - result["dead_letter"])
+        elif op == Op.REDRIVE_RUN and result.get("ok"):
+            self.runs.labels("redriven").inc()
+        elif op == Op.CANCEL_JOB and result.get("ok"):
+            self.runs.labels("cancelled").inc(result["cancelled_runs"])
+
+    def _count_failure(self, state: str) -> None:
+        event = {RunState.RETRY_WAIT: "retried", RunState.DEAD_LETTER: "dead_lettered",
+                 RunState.CANCELLED: "cancelled"}.get(RunState(state))
+        if event:
+            self.runs.labels(event).inc()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            route = request.match_info.route.resource
+            name = route.canonical if route is not None else "unmatched"
+            self.http.labels(request.method, name, str(status)).observe(time.perf_counter() - started)
+
+
+class _StateCollector(Collector):
+    """Gauges read from the replica when Prometheus scrapes."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []  # names are known only at collect time; auto_describe must not scan the store
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.metrics.node
+        limits = node.config.limits
+        now = node.clock.now_us()
+        jobs = GaugeMetricFamily("schedulerd_jobs", "Jobs by state.", labels=["state"])
+        runs = GaugeMetricFamily("schedulerd_runs", "Runs by state (the states that hold an index entry).",
+                                 labels=["state"])
+        overdue = GaugeMetricFamily("schedulerd_overdue_jobs", "Jobs whose next occurrence is due but unclaimed.")
+        overdue_age = GaugeMetricFamily("schedulerd_overdue_oldest_age_seconds",
+                                        "How long the oldest unclaimed due occurrence has waited (0 when none).")
+        depth = GaugeMetricFamily("schedulerd_queue_ready", "Runs leasable now, per queue.", labels=["queue"])
+        waiting = GaugeMetricFamily("schedulerd_queue_waiting",
+                                    "Runs queued for later (retry backoff, claimed ahead), per queue.",
+                                    labels=["queue"])
+        ready_age = GaugeMetricFamily("schedulerd_queue_oldest_ready_age_seconds",
+                                      "How long the oldest leasable run of a queue has waited.", labels=["queue"])
+        truncated = GaugeMetricFamily("schedulerd_metrics_scan_truncated",
+                                      "1 when a scan hit metrics_scan_max and its figures are lower bounds.")
+        job_counts: dict[str, int] = {}
+        run_counts = {"pending": 0, "running": 0, "dead_letter": 0}
+        due_count, oldest_due, cut = 0, None, False
+        queues: dict[str, list[float]] = {}
+        for group in node.groups:
+            with node.read(group) as (txn, tables):
+                for state, n in queries.job_state_counts(txn, tables).items():
+                    job_counts[state] = job_counts.get(state, 0) + n
+                stats = queries.counts(txn, tables)
+                run_counts["pending"] += stats["ready"]
+                run_counts["running"] += stats["leases"]
+                run_counts["dead_letter"] += txn.stat(tables.dead_letters)["entries"]
+                due = queries.due(txn, tables, node.shards_of(group), now, limits.metrics_scan_max)
+                cut |= len(due) >= limits.metrics_scan_max
+                due_count += len(due)
+                if due:
+                    first = min(fire for _, fire in due)
+                    oldest_due = first if oldest_due is None else min(oldest_due, first)
+                cut |= _scan_queues(txn, tables, now, limits.metrics_scan_max, queues)
+        for state, n in sorted(job_counts.items()):
+            jobs.add_metric([state], n)
+        for state, n in run_counts.items():
+            runs.add_metric([state], n)
+        overdue.add_metric([], due_count)
+        overdue_age.add_metric([], (now - oldest_due) / US if oldest_due is not None else 0.0)
+        for queue, (ready, later, oldest) in sorted(queues.items()):
+            depth.add_metric([queue], ready)
+            waiting.add_metric([queue], later)
+            ready_age.add_metric([queue], (now - oldest) / US if ready else 0.0)
+        truncated.add_metric([], 1 if cut else 0)
+        yield from (jobs, runs, overdue, overdue_age, depth, waiting, ready_age, truncated)
+        yield from self._raft()
+        waiters = GaugeMetricFamily("schedulerd_poll_waiters", "Worker long-polls waiting on this node.")
+        waiters.add_metric([], self.metrics.poll_waiters())
+        yield waiters
+
+    def _raft(self) -> Iterator[Metric]:
+        leader = GaugeMetricFamily("schedulerd_raft_is_leader", "1 when this node leads the group.", labels=["group"])
+        term = GaugeMetricFamily("schedulerd_raft_term", "Current Raft term.", labels=["group"])
+        commit = GaugeMetricFamily("schedulerd_raft_commit_index", "Raft commit index.", labels=["group"])
+        applied = GaugeMetricFamily("schedulerd_raft_applied_index", "Last entry applied to LMDB.", labels=["group"])
+        quorum = GaugeMetricFamily("schedulerd_raft_has_quorum", "1 when the group has a leader with a quorum.",
+                                   labels=["group"])
+        changes = CounterMetricFamily("schedulerd_raft_leader_changes", "Leader changes seen by this node.",
+                                      labels=["group"])
+        for group in self.metrics.node.groups:
+            s = group.status()
+            g = [str(group.group_id)]
+            leader.add_metric(g, 1 if s["is_leader"] else 0)
+            term.add_metric(g, s["term"])
+            commit.add_metric(g, s["commit_index"])
+            applied.add_metric(g, s["last_applied"])
+            quorum.add_metric(g, 1 if s["has_quorum"] else 0)
+            changes.add_metric(g, group.leader_changes)
+        yield from (leader, term, commit, applied, quorum, changes)
+
+
+def _scan_queues(txn: Any, tables: Any, now: int, scan_max: int, out: dict[str, list[float]]) -> bool:
+    """Per queue [ready now, queued for later, oldest available_at]; True if the scan was cut."""
+    scanned = 0
+    with txn.cursor(db=tables.ready) as cur:
+        for key in cur.iternext(keys=True, values=False):
+            scanned += 1
+            if scanned > scan_max:
+                return True
+            queue, available_us = keys.split_ready_queue(key)
+            entry = out.setdefault(queue, [0, 0, float("inf")])
+            if available_us <= now:
+                entry[0] += 1
+                entry[2] = min(entry[2], available_us)
+            else:
+                entry[1] += 1
+    return False
