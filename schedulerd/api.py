@@ -3,11 +3,12 @@ health routes here, job and task routes in their own modules."""
 from __future__ import annotations
 
 import logging
+from importlib.metadata import version
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd import routes_jobs, routes_preview, routes_tasks
+from schedulerd import openapi, routes_jobs, routes_preview, routes_tasks
 from schedulerd.errors import SchedulerError, Unavailable, status_of
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.metrics import Metrics
@@ -67,6 +68,11 @@ def make_app(node: Node, leases: LeaseQueue) -> web.Application:
                             "digest": state_digest(txn, tables)})
         return web.json_response({"groups": out})
 
+    spec = openapi.document(version("schedulerd"))
+
+    async def openapi_json(request: web.Request) -> web.Response:
+        return web.json_response(spec)
+
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
@@ -78,7 +84,7 @@ def make_app(node: Node, leases: LeaseQueue) -> web.Application:
 
     app.add_routes([web.get("/v1/cluster", cluster), web.get("/v1/cluster/digest", digest),
                     web.get("/healthz", healthz), web.get("/readyz", readyz),
-                    web.get("/metrics", metrics.handle)])
+                    web.get("/metrics", metrics.handle), web.get("/v1/openapi.json", openapi_json)])
     app.add_routes(routes_jobs.routes(node))
     app.add_routes(routes_tasks.routes(node, leases))
     app.add_routes(routes_preview.routes(node))

@@ -1,0 +1,60 @@
+"""The OpenAPI document cannot drift from the handlers: every route the app
+serves is described, nothing else is, and the job schemas use jobspec's fields."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from schedulerd import api, openapi, routes_preview
+from schedulerd.jobspec import CREATE_FIELDS, OPTION_FIELDS
+from schedulerd.limits import Limits
+
+
+def stub_node() -> SimpleNamespace:
+    """Enough of a Node to build the app; no request in these tests reaches Raft."""
+    return SimpleNamespace(config=SimpleNamespace(limits=Limits(), lease_s=30.0), groups=[], applied_listeners=[],
+                           propose=None, clock=None)
+
+
+def served_routes() -> set[tuple[str, str]]:
+    app = api.make_app(stub_node(), leases=None)  # type: ignore[arg-type]
+    return {(route.method.lower(), route.resource.canonical) for route in app.router.routes()
+            if route.method != "HEAD"}
+
+
+def test_every_served_route_is_described_and_nothing_else() -> None:
+    described = {(method, path) for path, ops in openapi.operations().items() for method in ops}
+    assert served_routes() - described == set(), "routes without an OpenAPI description"
+    assert described - served_routes() == set(), "described routes the app does not serve"
+
+
+def test_job_schemas_are_built_from_jobspec_fields() -> None:
+    assert set(openapi.JOB_CREATE["properties"]) == CREATE_FIELDS
+    assert set(openapi.JOB_PATCH["properties"]) == OPTION_FIELDS
+
+
+def test_preview_parameters_are_the_ones_the_handler_accepts() -> None:
+    params = openapi.operations()["/v1/preview"]["get"]["parameters"]
+    assert {p["name"] for p in params} == routes_preview.QUERY_PARAMS
+
+
+def test_path_parameters_match_the_placeholders() -> None:
+    for path, ops in openapi.operations().items():
+        for method, op in ops.items():
+            in_path = {p["name"] for p in op.get("parameters", []) if p["in"] == "path"}
+            placeholders = {part[1:-1] for part in path.split("/") if part.startswith("{")}
+            assert in_path == placeholders, f"{method.upper()} {path}"
+            assert op["summary"] and op["responses"], f"{method.upper()} {path}"
+
+
+def test_the_document_is_served() -> None:
+    async def go() -> dict:
+        async with TestClient(TestServer(api.make_app(stub_node(), leases=None))) as client:  # type: ignore[arg-type]
+            resp = await client.get("/v1/openapi.json")
+            assert resp.status == 200
+            return await resp.json()
+
+    doc = asyncio.run(go())
+    assert doc["openapi"] == "3.1.0" and "/v1/jobs/{job_id}/runs" in doc["paths"]
