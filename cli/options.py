@@ -14,6 +14,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 MISFIRE_POLICIES = ("fire_all", "fire_once", "skip")
 OVERLAP_POLICIES = ("allow", "skip", "buffer_one")
+TARGET_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 # flag's parameter name -> field name on the wire, for the options sent as they are.
 PLAIN_FIELDS = {
     "job_id": "job_id", "queue": "queue", "max_attempts": "max_attempts",
@@ -66,6 +67,14 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
                      help="Start each occurrence up to this much later [0]."),
         click.option("--history-limit", type=click.IntRange(1, 10_000), metavar="N",
                      help="Finished runs kept [100]."),
+        click.option("--target-url", metavar="URL",
+                     help="Run with the built-in HTTP executor (schedctl worker http): call this URL."),
+        click.option("--target-method", type=click.Choice(TARGET_METHODS), help="HTTP method [POST]."),
+        click.option("--target-header", "target_headers", multiple=True, metavar="'NAME: VALUE'",
+                     help="Header for the call; repeat for more."),
+        click.option("--target-body", metavar="TEXT", help="Request body [the payload as JSON]."),
+        click.option("--target-timeout-s", type=click.FloatRange(0, 3600, min_open=True), metavar="SECONDS",
+                     help="Timeout of one call [the job's --timeout-s, else 30]."),
     ]
     if for_create:
         options.append(click.option("--idempotency-key", metavar="KEY",
@@ -95,7 +104,30 @@ def job_fields(flags: Mapping[str, Any], *, schedule_required: bool) -> dict[str
                if flags[name] is not None}
     if backoff:
         fields["backoff"] = backoff
+    target = _target(flags)
+    if target is not None:
+        fields["target"] = target
     return fields
+
+
+def _target(flags: Mapping[str, Any]) -> dict[str, Any] | None:
+    parts = {"method": flags["target_method"], "body": flags["target_body"],
+             "timeout_s": flags["target_timeout_s"]}
+    if flags["target_url"] is None:
+        if any(v is not None for v in parts.values()) or flags["target_headers"]:
+            raise click.UsageError("--target-method, --target-header, --target-body and --target-timeout-s "
+                                   "need --target-url")
+        return None
+    headers = {}
+    for text in flags["target_headers"]:
+        name, sep, value = text.partition(":")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{text!r} is not 'NAME: VALUE'", param_hint="'--target-header'")
+        headers[name.strip()] = value.strip()
+    target = {"kind": "http", "url": flags["target_url"], **{k: v for k, v in parts.items() if v is not None}}
+    if headers:
+        target["headers"] = headers
+    return target
 
 
 def _schedule(at: str | None, cron: str | None, tz: str | None, every: str | None,

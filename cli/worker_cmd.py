@@ -1,10 +1,12 @@
-"""`schedctl worker`: run a shell command for each task, the way a crontab line
-runs a command at its time, with schedulerd's at-least-once delivery, leases,
-retries and dead letters around it.
+"""`schedctl worker`: run tasks without writing a worker.
 
-The command gets the task's payload as JSON on stdin and the task's identity in
-the environment; exit status 0 acks the run, anything else nacks it (and so
-retries it with backoff until max_attempts, then dead-letters it)."""
+- `schedctl worker [run] --queue Q -- COMMAND`: a shell command for each task, the
+  way a crontab line runs a command at its time, with schedulerd's at-least-once
+  delivery, leases, retries and dead letters around it. The command gets the
+  task's payload as JSON on stdin and the task's identity in the environment;
+  exit status 0 acks the run, anything else nacks it (and so retries it with
+  backoff until max_attempts, then dead-letters it).
+- `schedctl worker http`: the built-in HTTP executor for jobs with an http target."""
 from __future__ import annotations
 
 import json
@@ -12,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import threading
 from typing import IO, Any, Sequence
@@ -20,6 +23,7 @@ import click
 
 from cli.session import Session
 from schedulerd import timefmt
+from schedulerd.http_executor import HttpExecutor
 from schedulerd.worker import Task, Worker
 
 # Kept of the command's stdout for the ack result; well under result_bytes_max (16 KiB).
@@ -105,7 +109,41 @@ def _exit_text(code: int) -> str:
     return f"exit status {code}"
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+class _WorkerGroup(click.Group):
+    """`schedctl worker --queue Q -- COMMAND` keeps working: no subcommand means `run`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_WorkerGroup)
+def worker() -> None:
+    """Run tasks without writing a worker: a shell command per task (`run`, the
+    default) or the built-in HTTP executor (`http`).
+
+    \b
+    Examples:
+        schedctl worker --queue backups -- /usr/local/bin/backup --full
+        schedctl worker http --queue webhooks --concurrency 200
+    """
+
+
+def _start(session: Session, worker_id: str | None, concurrency: int) -> Worker:
+    try:
+        return Worker(list(session.servers), worker_id=worker_id, concurrency=concurrency)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _run(runner: Worker) -> None:
+    # The SDK logs each task (started, acked, nacked) and lease trouble: show them.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    runner.run()
+
+
+@worker.command("run", context_settings={"allow_interspersed_args": False})
 @click.option("--queue", "queues", multiple=True, required=True, metavar="QUEUE",
               help="Queue to take tasks from; repeat for more.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
@@ -113,8 +151,8 @@ def _exit_text(code: int) -> str:
 @click.option("--worker-id", metavar="ID", help="Name in leases and logs [host-pid-random].")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
-def worker(session: Session, queues: tuple[str, ...], concurrency: int,
-           worker_id: str | None, command: tuple[str, ...]) -> None:
+def run_worker(session: Session, queues: tuple[str, ...], concurrency: int,
+               worker_id: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND for every task of the given queues, until SIGINT or SIGTERM.
 
     \b
@@ -138,16 +176,47 @@ def worker(session: Session, queues: tuple[str, ...], concurrency: int,
     if shutil.which(command[0]) is None:
         raise click.BadParameter(f"{command[0]!r} is not an executable file or on PATH",
                                  param_hint="'COMMAND'")
-    try:
-        runner = Worker(list(session.servers), worker_id=worker_id, concurrency=concurrency)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    runner = _start(session, worker_id, concurrency)
 
     def handle(task: Task) -> dict[str, Any]:
         return run_command(command, task)
 
     for queue in queues:
         runner.handler(queue)(handle)
-    # The SDK logs each task (started, acked, nacked) and lease trouble: show them.
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    runner.run()
+    _run(runner)
+
+
+@worker.command("http")
+@click.option("--queue", "queues", multiple=True, default=("default",), show_default=True, metavar="QUEUE",
+              help="Queue to take tasks from; repeat for more.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Calls in flight at once (and the connection pool's size).")
+@click.option("--worker-id", metavar="ID", help="Name in leases and logs [host-pid-random].")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
+              help="Verify https targets against this CA bundle instead of the system's.")
+@click.pass_obj
+def http_worker(session: Session, queues: tuple[str, ...], concurrency: int, worker_id: str | None,
+                ca_file: str | None) -> None:
+    """Call each task's http target, until SIGINT or SIGTERM.
+
+    \b
+    A job's target says what to call:
+        schedctl create --id close-day --cron '0 0 * * *' --queue webhooks \\
+            --target-url https://billing.internal/close-day
+    Each call sends Idempotency-Key: <job_id>:<scheduled_time> (the same on every
+    retry of one occurrence: dedupe on it). 2xx acks with the status and the start
+    of the body; any other status, a timeout (target timeout_s, else the job's
+    timeout_s, else 30 s) or a connection error nacks, so the run is retried with
+    backoff and dead-lettered after max_attempts.
+
+    \b
+    Example:
+        schedctl worker http --queue webhooks --concurrency 200
+    """
+    ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    executor = HttpExecutor(concurrency, ssl=ssl_context)
+    runner = _start(session, worker_id, concurrency)
+    for queue in queues:
+        runner.handler(queue)(executor)
+    runner.on_stopped(executor.close)
+    _run(runner)

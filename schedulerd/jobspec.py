@@ -9,6 +9,7 @@ import re
 import uuid
 from typing import Any
 
+from schedulerd import targets
 from schedulerd.errors import InvalidJob, TooLarge
 from schedulerd.limits import Limits
 from schedulerd.timefmt import from_iso
@@ -29,10 +30,11 @@ JOB_DEFAULTS: dict[str, Any] = {
     "queue": "default", "payload_json": "null", "max_attempts": 3, "priority": 0,
     "misfire_policy": MisfirePolicy.FIRE_ONCE.value, "catchup_limit": 100, "starting_deadline_us": None,
     "overlap_policy": OverlapPolicy.ALLOW.value, "backoff": {"base_ms": 1000, "factor": 2.0, "max_ms": 300_000},
-    "timeout_us": None, "jitter_us": 0, "history_limit": 100,
+    "timeout_us": None, "jitter_us": 0, "history_limit": 100, "target": None,
 }
 OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "misfire_policy", "catchup_limit",
-                 "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit"}
+                 "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit",
+                 "target"}
 CREATE_FIELDS = OPTION_FIELDS | {"job_id", "idempotency_key"}
 
 
@@ -133,6 +135,8 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
             out[field] = int(_number_in(raw[name], name, low, high) * US)
     if "backoff" in raw:
         out["backoff"] = _backoff(raw["backoff"], backoff_base or JOB_DEFAULTS["backoff"])
+    if "target" in raw:
+        out["target"] = targets.parse_target(raw["target"], limits)
     return out
 
 

@@ -17,8 +17,15 @@ Schema = dict[str, Any]
 _STR: Schema = {"type": "string"}
 _INT: Schema = {"type": "integer"}
 _TIME: Schema = {"type": "string", "format": "date-time", "description": "ISO 8601 with Z or an offset"}
-_DURATION: Schema = {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "examples": ["90s", "5m"]}],
-                     "description": "seconds, or a duration like '250ms', '90s', '1h30m'"}
+_DURATION: Schema = {"type": "string", "examples": ["250ms", "90s", "1h30m"], "description": "units ms s m h d"}
+_SECONDS: Schema = {"type": ["number", "null"], "minimum": 0, "description": "seconds"}
+TARGET: Schema = {"type": ["object", "null"], "description": "Run by the built-in executor (schedctl worker http).",
+                  "required": ["kind", "url"], "properties": {
+                      "kind": {"const": "http"}, "url": {"type": "string", "format": "uri"},
+                      "method": {"enum": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"], "default": "POST"},
+                      "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                      "body": {"type": "string", "description": "Default: the job's payload as JSON."},
+                      "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}}}
 
 JOB_FIELD_SCHEMAS: dict[str, Schema] = {
     "job_id": {"type": "string", "maxLength": 200, "description": "Yours; generated when absent."},
@@ -34,12 +41,13 @@ JOB_FIELD_SCHEMAS: dict[str, Schema] = {
     "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
     "misfire_policy": {"enum": [p.value for p in MisfirePolicy], "default": MisfirePolicy.FIRE_ONCE.value},
     "catchup_limit": {"type": "integer", "minimum": 1, "default": 100},
-    "starting_deadline_s": _DURATION,
+    "starting_deadline_s": _SECONDS,
     "overlap_policy": {"enum": [p.value for p in OverlapPolicy], "default": OverlapPolicy.ALLOW.value},
     "backoff": {"type": "object", "properties": {"base_ms": _INT, "factor": {"type": "number"}, "max_ms": _INT}},
-    "timeout_s": _DURATION,
-    "jitter_s": _DURATION,
+    "timeout_s": _SECONDS,
+    "jitter_s": _SECONDS,
     "history_limit": {"type": "integer", "minimum": 1, "default": 100},
+    "target": TARGET,
 }
 
 JOB_CREATE: Schema = {"type": "object", "required": ["schedule"], "additionalProperties": False,
@@ -58,7 +66,7 @@ RUN: Schema = {"type": "object", "properties": {
     "skipped_until": _TIME}}
 TASK: Schema = {"type": "object", "properties": {
     "run_id": _STR, "job_id": _STR, "queue": _STR, "scheduled_time": _TIME, "attempt": _INT, "fence": _INT,
-    "idempotency_key": _STR, "lease_until": _TIME, "payload": {}}}
+    "idempotency_key": _STR, "lease_until": _TIME, "payload": {}, "target": TARGET, "timeout_s": _SECONDS}}
 ERROR: Schema = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "code": _STR, "message": _STR}}}}
 ITEM_RESULTS: Schema = {"type": "object", "properties": {"results": {"type": "array", "items": {

@@ -33,6 +33,7 @@ def job(rec: dict[str, Any]) -> dict[str, Any]:
         "timeout_s": _seconds(rec["timeout_us"]),
         "jitter_s": _seconds(rec["jitter_us"]),
         "history_limit": rec["history_limit"],
+        "target": rec.get("target"),
         "idempotency_key": rec.get("idempotency_key"),
         "next_fire_time": to_iso(rec["next_fire_us"]),
         "created_at": to_iso(rec["created_us"]),
@@ -79,4 +80,6 @@ def task(rec: dict[str, Any]) -> dict[str, Any]:
         "idempotency_key": idempotency_key(rec["job_id"], rec["scheduled_us"]),
         "lease_until": to_iso(rec["lease_until_us"]),
         "payload": json.loads(rec["payload_json"]),
+        "target": rec.get("target"),
+        "timeout_s": _seconds(rec.get("timeout_us")),
     }

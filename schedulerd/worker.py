@@ -61,13 +61,16 @@ class Task:
     idempotency_key: str
     lease_until: datetime
     payload: Any
+    target: dict[str, Any] | None = None  # a job's built-in executor target (schedulerd/targets.py)
+    timeout_s: float | None = None  # the job's per-attempt timeout, if it has one
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Task:
         return cls(run_id=str(data["run_id"]), job_id=str(data["job_id"]), queue=str(data["queue"]),
                    scheduled_time=_parse_time(data["scheduled_time"]), attempt=int(data["attempt"]),
                    fence=int(data["fence"]), idempotency_key=str(data["idempotency_key"]),
-                   lease_until=_parse_time(data["lease_until"]), payload=data.get("payload"))
+                   lease_until=_parse_time(data["lease_until"]), payload=data.get("payload"),
+                   target=data.get("target"), timeout_s=data.get("timeout_s"))
 
 
 @dataclass
@@ -119,6 +122,7 @@ class Worker:
         self._leases: dict[str, _Lease] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._acks = AckBatcher(self._post_any, self.worker_id)
+        self._cleanups: list[Callable[[], Awaitable[None]]] = []
 
     def handler(self, queue: str) -> Callable[[Handler], Handler]:
         """Register the function that runs tasks of `queue` (sync or async)."""
@@ -130,6 +134,10 @@ class Worker:
             return fn
 
         return register
+
+    def on_stopped(self, cleanup: Callable[[], Awaitable[None]]) -> None:
+        """Await `cleanup` in the worker's loop once every handler has returned (close a client, say)."""
+        self._cleanups.append(cleanup)
 
     def run(self) -> None:
         """Block until stop() (or SIGINT/SIGTERM in the main thread) and the drain end."""
@@ -206,6 +214,8 @@ class Worker:
         await asyncio.gather(heartbeat, return_exceptions=True)
         await self._session.close()
         self._executor.shutdown(wait=False)  # every handler has returned by now
+        for cleanup in self._cleanups:
+            await cleanup()
         with self._lock:
             self._loop = None
         log.info("worker_stopped worker_id=%s stats=%s", self.worker_id, self.stats)

@@ -11,7 +11,7 @@ from storage.records import Ctx, Record
 
 UPDATABLE = frozenset({"schedule", "schedule_spec", "queue", "payload_json", "max_attempts", "priority",
                        "misfire_policy", "catchup_limit", "starting_deadline_us", "overlap_policy", "backoff",
-                       "timeout_us", "jitter_us", "history_limit"})
+                       "timeout_us", "jitter_us", "history_limit", "target"})
 
 
 def _fail(code: str, message: str) -> dict[str, Any]:

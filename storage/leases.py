@@ -37,7 +37,8 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                          worker_id=worker_id, fence=ctx.index, attempt_deadline_us=attempt_deadline,
                          lease_until_us=_capped(lease_until, attempt_deadline))
             records.update_run(ctx, run, after)
-            tasks.append(dict(after, payload_json=job["payload_json"] if job else "null"))
+            tasks.append(dict(after, payload_json=job["payload_json"] if job else "null",
+                              target=job.get("target") if job else None))
         grants.append([worker_id, tasks])
     return {"grants": grants, "skipped": skipped, "now": now}
 
