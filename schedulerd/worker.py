@@ -320,7 +320,7 @@ class Worker:
             return "nack", (f"NoHandler: worker {self.worker_id} has no handler for "
                             f"queue {task.queue!r}")
         try:
-            if inspect.iscoroutinefunction(handler):
+            if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__")):
                 result = await handler(task)
             else:
                 loop = asyncio.get_running_loop()
