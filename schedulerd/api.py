@@ -8,12 +8,13 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd import openapi, routes_jobs, routes_preview, routes_tasks
+from schedulerd import dashboard, openapi, routes_jobs, routes_preview, routes_tasks
 from schedulerd.errors import SchedulerError, Unavailable, status_of
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.metrics import Metrics
 from schedulerd.node import Node
 from storage.db import last_applied
+from storage import queries
 from storage.queries import state_digest
 
 log = logging.getLogger("schedulerd.api")
@@ -58,6 +59,19 @@ def make_app(node: Node, leases: LeaseQueue) -> web.Application:
                                   "groups": [g.status() for g in node.groups],
                                   "poll_waiters": leases.waiters})
 
+    async def queues(request: web.Request) -> web.Response:
+        """Per queue: runs leasable now, runs queued for later, the oldest ready run's wait."""
+        now = node.clock.now_us()
+        stats: dict[str, list[int]] = {}
+        cut = False
+        for group in node.groups:
+            with node.read(group) as (txn, tables):
+                cut |= queries.queue_stats(txn, tables, now, node.config.limits.metrics_scan_max, stats)
+        return web.json_response({"queues": [{"queue": q, "ready": ready, "waiting": later,
+                                              "oldest_ready_age_s": (now - oldest) / 1_000_000}
+                                             for q, (ready, later, oldest) in sorted(stats.items())],
+                                  "truncated": cut})
+
     async def digest(request: web.Request) -> web.Response:
         """A hash of each group's whole replicated state at its last applied index:
         replicas that applied the same entries must report the same digest."""
@@ -83,6 +97,7 @@ def make_app(node: Node, leases: LeaseQueue) -> web.Application:
         return web.json_response({"ok": True})
 
     app.add_routes([web.get("/v1/cluster", cluster), web.get("/v1/cluster/digest", digest),
+                    web.get("/v1/queues", queues), web.get("/ui", dashboard.page),
                     web.get("/healthz", healthz), web.get("/readyz", readyz),
                     web.get("/metrics", metrics.handle), web.get("/v1/openapi.json", openapi_json)])
     app.add_routes(routes_jobs.routes(node))

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from schedulerd.node import Node
-from storage import keys, queries
+from storage import queries
 from storage.model import RunState
 from storage.ops import Op
 
@@ -147,7 +147,7 @@ class _StateCollector(Collector):
         job_counts: dict[str, int] = {}
         run_counts = {"pending": 0, "running": 0, "dead_letter": 0}
         due_count, oldest_due, cut = 0, None, False
-        queues: dict[str, list[float]] = {}
+        queues: dict[str, list[int]] = {}
         for group in node.groups:
             with node.read(group) as (txn, tables):
                 for state, n in queries.job_state_counts(txn, tables).items():
@@ -162,7 +162,7 @@ class _StateCollector(Collector):
                 if due:
                     first = min(fire for _, fire in due)
                     oldest_due = first if oldest_due is None else min(oldest_due, first)
-                cut |= _scan_queues(txn, tables, now, limits.metrics_scan_max, queues)
+                cut |= queries.queue_stats(txn, tables, now, limits.metrics_scan_max, queues)
         for state, n in sorted(job_counts.items()):
             jobs.add_metric([state], n)
         for state, n in run_counts.items():
@@ -172,7 +172,7 @@ class _StateCollector(Collector):
         for queue, (ready, later, oldest) in sorted(queues.items()):
             depth.add_metric([queue], ready)
             waiting.add_metric([queue], later)
-            ready_age.add_metric([queue], (now - oldest) / US if ready else 0.0)
+            ready_age.add_metric([queue], (now - oldest) / US)
         truncated.add_metric([], 1 if cut else 0)
         yield from (jobs, runs, overdue, overdue_age, depth, waiting, ready_age, truncated)
         yield from self._raft()
@@ -199,21 +199,3 @@ class _StateCollector(Collector):
             quorum.add_metric(g, 1 if s["has_quorum"] else 0)
             changes.add_metric(g, group.leader_changes)
         yield from (leader, term, commit, applied, quorum, changes)
-
-
-def _scan_queues(txn: Any, tables: Any, now: int, scan_max: int, out: dict[str, list[float]]) -> bool:
-    """Per queue [ready now, queued for later, oldest available_at]; True if the scan was cut."""
-    scanned = 0
-    with txn.cursor(db=tables.ready) as cur:
-        for key in cur.iternext(keys=True, values=False):
-            scanned += 1
-            if scanned > scan_max:
-                return True
-            queue, available_us = keys.split_ready_queue(key)
-            entry = out.setdefault(queue, [0, 0, float("inf")])
-            if available_us <= now:
-                entry[0] += 1
-                entry[2] = min(entry[2], available_us)
-            else:
-                entry[1] += 1
-    return False

@@ -193,6 +193,15 @@ def operations() -> dict[str, dict[str, Any]]:
         "/v1/cluster/digest": {
             "get": {"summary": "A hash of each group's replicated state (equal on converged replicas)",
                     "tags": ["operations"], "responses": _ok("Digests.", {"type": "object"})}},
+        "/v1/queues": {
+            "get": {"summary": "Per queue: ready now, queued for later, the oldest ready run's wait",
+                    "tags": ["operations"],
+                    "responses": _ok("Queues.", _obj(queues={"type": "array", "items": _obj(
+                        queue=_STR, ready=_INT, waiting=_INT, oldest_ready_age_s={"type": "number"})},
+                        truncated={"type": "boolean"}))}},
+        "/ui": {
+            "get": {"summary": "The web dashboard (HTML)", "tags": ["operations"],
+                    "responses": {"200": {"description": "HTML page."}}}},
         "/v1/openapi.json": {
             "get": {"summary": "This document", "tags": ["operations"], "responses": _ok("OpenAPI 3.1.")}},
         "/metrics": {

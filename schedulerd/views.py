@@ -48,6 +48,7 @@ def run(rec: dict[str, Any]) -> dict[str, Any]:
         "scheduled_time": to_iso(rec["scheduled_us"]),
         "state": rec["state"],
         "attempt": rec["attempt"],
+        "max_attempts": rec["max_attempts"],
         "queue": rec["queue"],
         "priority": rec["priority"],
         "available_at": to_iso(rec["available_us"]),

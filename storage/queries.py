@@ -153,6 +153,26 @@ def job_state_counts(txn: lmdb.Transaction, t: Tables) -> dict[str, int]:
     return {state.value: counts.get(state.value, 0) for state in JobState}
 
 
+def queue_stats(txn: lmdb.Transaction, t: Tables, now_us: int, scan_max: int,
+                into: dict[str, list[int]]) -> bool:
+    """Add per queue [ready now, queued for later, oldest available_us of the ready ones]
+    into `into` (several groups add to one dict); True when scan_max keys cut the scan short."""
+    scanned = 0
+    with txn.cursor(db=t.ready) as cur:
+        for key in cur.iternext(keys=True, values=False):
+            scanned += 1
+            if scanned > scan_max:
+                return True
+            queue, available_us = keys.split_ready_queue(key)
+            entry = into.setdefault(queue, [0, 0, now_us])
+            if available_us <= now_us:
+                entry[0] += 1
+                entry[2] = min(entry[2], available_us)
+            else:
+                entry[1] += 1
+    return False
+
+
 def counts(txn: lmdb.Transaction, t: Tables) -> dict[str, Any]:
     return {name: txn.stat(getattr(t, name))["entries"] for name in ("jobs", "due", "runs", "ready", "leases")}
 

@@ -1,0 +1,107 @@
+"""The dashboard in a real headless Chromium against a running 3-node cluster:
+a job made through the API shows with its runs, a dead letter is re-driven with
+its button and runs. A screenshot is kept as a test artifact
+(test-artifacts/dashboard.png, or $SCHEDULERD_TEST_ARTIFACTS)."""
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from schedulerd.worker import Task, Worker
+from tests.integration.harness import wait_until
+from tests.integration.webdriver import Browser, find_browser
+
+pytestmark = pytest.mark.integration
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ARTIFACTS = pathlib.Path(os.environ.get("SCHEDULERD_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+
+
+@pytest.fixture
+def browser() -> Any:
+    found = find_browser()
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium and chromium-driver are missing; .ci/run installs them")
+        pytest.skip("chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+    b = Browser(*found, height=1700)
+    yield b
+    b.close()
+
+
+def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, browser: Browser) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.leader()
+    now = datetime.now(timezone.utc).isoformat()
+    for job_id in ("nightly-report", "charge-card"):
+        status, body = leader.post("/v1/jobs", {"job_id": job_id, "schedule": {"at": now}, "queue": "ui",
+                                                "payload": {"job": job_id}, "max_attempts": 1})
+        assert status == 201, body
+    assert leader.post("/v1/jobs", {"job_id": "hourly-sync", "schedule": {"cron": "0 * * * *",
+                                                                          "timezone": "Europe/Berlin"}})[0] == 201
+
+    card_declined = threading.Event()
+    card_declined.set()
+    worker = Worker(cluster.urls, concurrency=2, wait_s=1)
+
+    @worker.handler("ui")
+    def handle(task: Task) -> str:
+        if task.job_id == "charge-card" and card_declined.is_set():
+            raise RuntimeError("card declined")
+        return "ok"
+
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: leader.get("/v1/dead-letter")[1]["runs"], 20, "charge-card to dead-letter")
+
+        browser.open(f"{cluster.nodes[1].url}/ui")  # any node serves it, a follower too
+        jobs = wait_until(lambda: browser.run_js(
+            "return [...document.querySelectorAll('#jobs tr[data-job-id]')].map(r => r.dataset.jobId)"),
+            15, "the jobs table")
+        assert set(jobs) == {"nightly-report", "charge-card", "hourly-sync"}
+        groups = browser.run_js("return document.querySelectorAll('#cluster tr[data-group]').length")
+        assert groups == 1
+        assert browser.run_js("return document.getElementById('health').textContent") == "ready"
+
+        browser.click('#jobs tr[data-job-id="nightly-report"]')
+        wait_until(lambda: browser.run_js(
+            "return [...document.querySelectorAll('#runs tr[data-run-id]')].map(r => r.dataset.state)")
+            == ["succeeded"], 15, "nightly-report's run in the detail view")
+        assert browser.run_js("return document.getElementById('detail-id').textContent") == "nightly-report"
+
+        dead = browser.run_js(
+            "return [...document.querySelectorAll('#dead-letters tr[data-run-id]')].map(r => r.dataset.runId)")
+        assert len(dead) == 1 and "card declined" in browser.run_js(
+            "return document.getElementById('dead-letters').textContent")
+        browser.click('#jobs tr[data-job-id="hourly-sync"]')
+        wait_until(lambda: browser.run_js(
+            "return document.getElementById('detail-fields').textContent").count("Europe/Berlin") >= 1,
+            10, "hourly-sync's detail")
+        fires = browser.run_js("return document.getElementById('detail-fields').textContent")
+        assert "next fire times" in fires
+
+        card_declined.clear()
+        browser.click('#jobs tr[data-job-id="charge-card"]')
+        browser.click(f'button.redrive[data-run-id="{dead[0]}"]')
+        wait_until(lambda: browser.run_js(
+            "return [...document.querySelectorAll('#runs tr[data-run-id]')].map(r => r.dataset.state)")
+            == ["succeeded"], 20, "the re-driven run to succeed, seen in the page")
+        wait_until(lambda: browser.run_js(
+            "return document.querySelectorAll('#dead-letters tr[data-run-id]').length") == 0, 10,
+            "the dead-letter list to empty")
+        assert leader.get(f"/v1/runs/{dead[0]}")[1]["state"] == "succeeded"
+
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "dashboard.png"
+        browser.run_js("window.scrollTo(0, 0)")
+        browser.screenshot(str(shot))
+        assert shot.read_bytes().startswith(b"\x89PNG")
+    finally:
+        worker.stop()
+        thread.join(15)
