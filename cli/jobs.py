@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from cli.files import create_from_file
 from cli.options import job_fields, job_options
 from cli.output import format_fields, jobs_table, more_hint, run_fields
 from cli.session import Session
@@ -15,12 +16,31 @@ JOB_STATES = ("scheduled", "paused", "completed", "cancelled")
 
 @click.command()
 @job_options(for_create=True)
-@click.pass_obj
-def create(session: Session, **flags: Any) -> None:
-    """Create a job: exactly one of --at, --cron, --every.
+@click.option("--file", "file_path", metavar="PATH",
+              help="Create every job in a .yaml/.yml/.json file ('-': stdin) instead; no other flags.")
+@click.pass_context
+def create(ctx: click.Context, file_path: str | None, **flags: Any) -> None:
+    """Create a job: exactly one of --at, --cron, --every. Or many: --file.
 
     Options left out get the server's defaults. With --idempotency-key a repeat
-    of the same command returns the job the first one made."""
+    of the same command returns the job the first one made. A --file holds a
+    list of jobs in the JSON form of POST /v1/jobs; they go in batches of 100
+    (one Raft entry each), with a progress bar on a terminal.
+
+    \b
+    Examples:
+        schedctl create --id backup --cron '30 2 * * *' --tz Europe/Berlin --queue backups
+        schedctl create --at 2027-01-01T00:00:00Z --payload '{"greeting": "happy new year"}'
+        schedctl create --file jobs.yaml
+    """
+    session: Session = ctx.obj
+    if file_path is not None:
+        given = [param.opts[0] for param in ctx.command.params
+                 if param.name in flags and ctx.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"--file takes every field from the file; drop {', '.join(given)}")
+        create_from_file(session, file_path)
+        return
     spec = job_fields(flags, schedule_required=True)
     session.show(session.client.create_job(spec), format_fields)
 
@@ -35,7 +55,13 @@ def update(session: Session, job_id: str, **flags: Any) -> None:
     A new schedule is one of --at, --cron (with --tz), --every; the next fire
     time is recomputed from now. Any --backoff-* flag sends `backoff` with just
     the parts given, and the server fills the others with its defaults, not
-    with the job's current values: to keep a part, give it again."""
+    with the job's current values: to keep a part, give it again.
+
+    \b
+    Examples:
+        schedctl update backup --cron '0 3 * * *' --tz Europe/Berlin
+        schedctl update backup --max-attempts 5 --backoff-base-ms 2000
+    """
     changes = job_fields(flags, schedule_required=False)
     if not changes:
         raise click.UsageError("nothing to update: give at least one option "
@@ -47,7 +73,13 @@ def update(session: Session, job_id: str, **flags: Any) -> None:
 @click.argument("job_id")
 @click.pass_obj
 def get(session: Session, job_id: str) -> None:
-    """Show one job."""
+    """Show one job.
+
+    \b
+    Examples:
+        schedctl get backup
+        schedctl --json get backup | jq .next_fire_time
+    """
     session.show(session.client.get_job(job_id), format_fields)
 
 
@@ -60,7 +92,13 @@ def get(session: Session, job_id: str) -> None:
 @click.pass_obj
 def list_(session: Session, state: str | None, queue: str | None, limit: int,
           all_pages: bool) -> None:
-    """List jobs, ordered by job id."""
+    """List jobs, ordered by job id.
+
+    \b
+    Examples:
+        schedctl list --state paused
+        schedctl list --queue backups --all
+    """
     client = session.client
     if all_pages:
         jobs = list(client.iter_jobs(state=state, queue=queue, page_size=limit))
@@ -76,7 +114,12 @@ def list_(session: Session, state: str | None, queue: str | None, limit: int,
 @click.argument("job_id")
 @click.pass_obj
 def pause(session: Session, job_id: str) -> None:
-    """Stop new occurrences of a job until it is resumed."""
+    """Stop new occurrences of a job until it is resumed.
+
+    \b
+    Example:
+        schedctl pause backup
+    """
     session.show(session.client.pause_job(job_id), format_fields)
 
 
@@ -84,7 +127,12 @@ def pause(session: Session, job_id: str) -> None:
 @click.argument("job_id")
 @click.pass_obj
 def resume(session: Session, job_id: str) -> None:
-    """Re-arm a paused job from now; occurrences inside the pause are not caught up."""
+    """Re-arm a paused job from now; occurrences inside the pause are not caught up.
+
+    \b
+    Example:
+        schedctl resume backup
+    """
     session.show(session.client.resume_job(job_id), format_fields)
 
 
@@ -95,7 +143,12 @@ def trigger(session: Session, job_id: str) -> None:
     """Run a job once more, now, besides its schedule; prints the new run.
 
     Not retried once a request may have reached a server: if this ends in
-    `outcome_unknown`, look at `schedctl runs JOB_ID` before triggering again."""
+    `outcome_unknown`, look at `schedctl runs JOB_ID` before triggering again.
+
+    \b
+    Example:
+        schedctl trigger backup
+    """
     session.show(session.client.trigger_job(job_id), run_fields)
 
 
@@ -103,7 +156,12 @@ def trigger(session: Session, job_id: str) -> None:
 @click.argument("job_id")
 @click.pass_obj
 def cancel(session: Session, job_id: str) -> None:
-    """Cancel a job: no new runs; queued runs are cancelled."""
+    """Cancel a job: no new runs; queued runs are cancelled.
+
+    \b
+    Example:
+        schedctl cancel backup
+    """
     session.show(session.client.cancel_job(job_id), format_fields)
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import click
 
-from cli import jobs, runs
+from click.shell_completion import get_completion_class
+
+from cli import jobs, live, runs
 from cli.output import cluster_text, format_fields, format_table
 from cli.session import CliError, OneLineGroup, Session
 from cli.worker_cmd import worker
@@ -49,11 +51,47 @@ def _server_urls(server: str) -> tuple[str, ...]:
 @click.command()
 @click.pass_obj
 def cluster(session: Session) -> None:
-    """Show this node's Raft groups: leader, term, commit and applied index."""
+    """Show this node's Raft groups: leader, term, commit and applied index.
+
+    \b
+    Example:
+        schedctl --server http://10.0.0.2:8080 cluster
+    """
     session.show(session.client.cluster(), cluster_text)
 
 
-for _command in (*jobs.COMMANDS, *runs.COMMANDS, cluster, worker):
+@click.command("top")
+@click.option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True, metavar="SECONDS")
+@click.option("--once", is_flag=True, help="Print one frame (totals since the node started) and exit.")
+@click.pass_obj
+def top_command(session: Session, interval: float, once: bool) -> None:
+    """Live view of one node: Raft leaders, queues (ready, waiting, oldest), dispatch
+    lateness p50/p99 and run events per second (Ctrl-C stops).
+
+    \b
+    Examples:
+        schedctl top
+        schedctl --json top --once
+    """
+    live.top(session, interval, once)
+
+
+@click.command("completion")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script for SHELL.
+
+    \b
+    Examples:
+        eval "$(schedctl completion bash)"          # in ~/.bashrc
+        schedctl completion fish > ~/.config/fish/completions/schedctl.fish
+    """
+    cls = get_completion_class(shell)
+    assert cls is not None  # every choice above has a class in click
+    click.echo(cls(schedctl, {}, "schedctl", "_SCHEDCTL_COMPLETE").source())
+
+
+for _command in (*jobs.COMMANDS, *runs.COMMANDS, cluster, top_command, completion, worker):
     schedctl.add_command(_command)
 
 

@@ -22,13 +22,25 @@ def _cell(value: Any) -> str:
     return str(value).replace("\n", "\\n")
 
 
+# Colours of run and job states; click.echo drops them when stdout is not a terminal.
+STATE_COLOURS = {"succeeded": "green", "scheduled": "green", "running": "blue", "queued": "yellow",
+                 "retry_wait": "yellow", "paused": "yellow", "dead_letter": "red", "cancelled": "bright_black",
+                 "skipped": "bright_black", "completed": "bright_black"}
+
+
+def state_text(state: str, width: int = 0) -> str:
+    return click.style(state.ljust(width), fg=STATE_COLOURS.get(state))
+
+
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """Columns left-aligned to their widest cell, two spaces apart."""
+    """Columns left-aligned to their widest cell, two spaces apart; a STATE column in colour."""
     lines = [list(headers)] + [[_cell(value) for value in row] for row in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
+    state = headers.index("STATE") if "STATE" in headers else None
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
-        for line in lines
+        "  ".join(state_text(cell, width) if i == state and n else cell.ljust(width)
+                  for i, (cell, width) in enumerate(zip(line, widths))).rstrip()
+        for n, line in enumerate(lines)
     )
 
 
@@ -66,7 +78,7 @@ def runs_table(page: Mapping[str, Any]) -> str:
     return format_table(("RUN_ID", "SCHEDULED", "STATE", "ATTEMPT", "WORKER", "FINISHED"), rows)
 
 
-def _first_line(text: Any) -> Any:
+def first_line(text: Any) -> Any:
     if not isinstance(text, str):
         return text
     line = text.splitlines()[0] if text else ""
@@ -75,7 +87,7 @@ def _first_line(text: Any) -> Any:
 
 def dead_letters_table(page: Mapping[str, Any]) -> str:
     rows = [(run["run_id"], run["job_id"], run.get("queue"), run["scheduled_time"],
-             run["attempt"], run.get("reason"), _first_line(run.get("error")))
+             run["attempt"], run.get("reason"), first_line(run.get("error")))
             for run in page["runs"]]
     return format_table(
         ("RUN_ID", "JOB_ID", "QUEUE", "SCHEDULED", "ATTEMPT", "REASON", "ERROR"), rows)

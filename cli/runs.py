@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from cli.live import follow_runs
 from cli.output import dead_letters_table, more_hint, preview_table, run_fields, runs_table
 from cli.session import OneLineGroup, Session
 
@@ -10,9 +11,22 @@ from cli.session import OneLineGroup, Session
 @click.command()
 @click.argument("job_id")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep watching: a line per run as it appears or changes state (--json: JSON lines).")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True, metavar="SECONDS",
+              help="How often --follow asks.")
 @click.pass_obj
-def runs(session: Session, job_id: str, limit: int) -> None:
-    """List a job's runs, oldest first."""
+def runs(session: Session, job_id: str, limit: int, follow: bool, interval: float) -> None:
+    """List a job's runs, or follow them as they happen (Ctrl-C stops).
+
+    \b
+    Examples:
+        schedctl runs backup
+        schedctl runs backup --follow
+    """
+    if follow:
+        follow_runs(session, job_id, interval)
+        return
     page = session.client.job_runs(job_id, limit=limit)
     session.show(page, runs_table)
     if not session.as_json:
@@ -21,7 +35,13 @@ def runs(session: Session, job_id: str, limit: int) -> None:
 
 @click.group("dead-letter", cls=OneLineGroup)
 def dead_letter() -> None:
-    """Runs that used up their attempts: list them, re-drive one."""
+    """Runs that used up their attempts: list them, re-drive one.
+
+    \b
+    Examples:
+        schedctl dead-letter list --queue backups
+        schedctl dead-letter retry 0-1234-0
+    """
 
 
 @dead_letter.command("list")
@@ -29,7 +49,13 @@ def dead_letter() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.pass_obj
 def dead_letter_list(session: Session, queue: str | None, limit: int) -> None:
-    """List dead-lettered runs, oldest first."""
+    """List dead-lettered runs, oldest first.
+
+    \b
+    Examples:
+        schedctl dead-letter list
+        schedctl --json dead-letter list --queue backups
+    """
     page = session.client.dead_letters(queue=queue, limit=limit)
     session.show(page, dead_letters_table)
     if not session.as_json:
@@ -40,7 +66,12 @@ def dead_letter_list(session: Session, queue: str | None, limit: int) -> None:
 @click.argument("run_id")
 @click.pass_obj
 def dead_letter_retry(session: Session, run_id: str) -> None:
-    """Queue a dead-lettered run again, with a fresh set of attempts."""
+    """Queue a dead-lettered run again, with a fresh set of attempts.
+
+    \b
+    Example:
+        schedctl dead-letter retry 0-1234-0
+    """
     session.show(session.client.retry_run(run_id), run_fields)
 
 
@@ -54,7 +85,13 @@ def dead_letter_retry(session: Session, run_id: str) -> None:
 def preview(session: Session, cron: str | None, tz: str | None, every: str | None,
             count: int) -> None:
     """Show the next fire times of "CRON" (or --every DURATION) from now, as the
-    server computes them, DST rules included. Creates nothing."""
+    server computes them, DST rules included. Creates nothing.
+
+    \b
+    Examples:
+        schedctl preview '30 2 * * *' --tz Europe/Berlin -n 5
+        schedctl preview --every 90m
+    """
     if (cron is None) == (every is None):
         raise click.UsageError('give exactly one of "CRON" or --every DURATION')
     if tz is not None and cron is None:

@@ -172,6 +172,10 @@ def run_worker(session: Session, queues: tuple[str, ...], concurrency: int,
         schedctl create --id backup --cron '30 2 * * *' --tz Europe/Berlin --queue backups
         schedctl worker --queue backups -- /usr/local/bin/backup --full
     Put `--` before COMMAND when it has options of its own.
+
+    \b
+    Example:
+        schedctl worker run --queue backups --concurrency 2 -- /usr/local/bin/backup --full
     """
     if shutil.which(command[0]) is None:
         raise click.BadParameter(f"{command[0]!r} is not an executable file or on PATH",

@@ -218,6 +218,24 @@ class Client:
                     f"the job with idempotency_key {key!r} may have been created: retry with this key")
             raise OutcomeUnknown(f"{exc.message}; {what}") from exc
 
+    def create_jobs(self, specs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Create up to the server's create_batch_max jobs in one entry (`POST /v1/jobs:batch`);
+        one result per spec, in order: `{"job_id", "ok", "job"}` or `{"job_id", "ok": false, "error"}`.
+
+        Specs without job_id or idempotency_key get a generated job_id first, so a
+        retried request proposes the same jobs; a job an ambiguous earlier attempt
+        created then answers `conflict`, and is fetched and reported as created."""
+        bodies = [dict(spec) if spec.get("job_id") or spec.get("idempotency_key") is not None
+                  else dict(spec, job_id=uuid.uuid4().hex) for spec in specs]
+        failures: list[Exception] = []
+        results = self._request("POST", "/v1/jobs:batch", {"jobs": bodies}, failures=failures)["results"]
+        if _maybe_applied(failures):
+            for i, r in enumerate(results):
+                error = r.get("error") or {}
+                if not r["ok"] and error.get("code") == Conflict.code and "idempotency_key" not in bodies[i]:
+                    results[i] = {"job_id": r["job_id"], "ok": True, "job": self.get_job(r["job_id"])}
+        return results
+
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/jobs/{_part(job_id)}")
 
@@ -329,6 +347,14 @@ class Client:
     def cluster(self) -> dict[str, Any]:
         return self._request("GET", "/v1/cluster")
 
+    def queues(self) -> dict[str, Any]:
+        """Per queue: ready now, waiting for later, the oldest ready run's age (`GET /v1/queues`)."""
+        return self._request("GET", "/v1/queues")
+
+    def metrics(self) -> str:
+        """The Prometheus text of the node that answers (`GET /metrics`)."""
+        return self._request("GET", "/metrics", text=True)
+
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/healthz")
 
@@ -377,6 +403,7 @@ class Client:
         failures: list[Exception] | None = None,
         headers: Mapping[str, str] | None = None,
         retry_ambiguous: bool = True,
+        text: bool = False,
     ) -> Any:
         """Send one request with failover and backoff (see the class docstring).
 
@@ -407,6 +434,8 @@ class Client:
                     unreachable.pop(server.url, None)
                     if response.status != 503:
                         self._preferred = index
+                        if text and 200 <= response.status < 300:
+                            return response.body.decode("utf-8", errors="replace")
                         return _decode(response)
                     last = _unavailable(response)
                     retry_after_s = max(retry_after_s, response.retry_after_s)

@@ -7,7 +7,7 @@ from aiohttp import web
 
 from schedulerd import jobspec, request as req, views
 from schedulerd.coalescer import Coalescer
-from schedulerd.errors import InvalidRequest, NotFound, from_wire
+from schedulerd.errors import InvalidRequest, NotFound, SchedulerError, from_wire
 from schedulerd.node import Node
 from storage import queries
 from storage.model import JobState
@@ -91,7 +91,14 @@ def routes(node: Node) -> list[web.RouteDef]:
         now = node.clock.now_us()
         raw = req.items(await req.body(request), "jobs", max_items=limits.create_batch_max,
                         limit_name="create_batch_max")
-        specs = [jobspec.parse_job(job, now, limits) for job in raw]
+        specs = []
+        for position, job in enumerate(raw):
+            try:
+                specs.append(jobspec.parse_job(job, now, limits))
+            except SchedulerError as exc:
+                # The whole batch is refused; say which job, so a file import can point at it.
+                named = f" (job_id {job.get('job_id')!r})" if isinstance(job, dict) and job.get("job_id") else ""
+                raise type(exc)(f"jobs[{position}]{named}: {exc.message}") from None
         if len({s["job_id"] for s in specs}) != len(specs):
             raise InvalidRequest("job_id values in one batch must be distinct")
         results = await _create(node, creates, specs)
