@@ -13,9 +13,11 @@ import shutil
 import struct
 from typing import Any
 
+import lmdb
 import msgpack
 
-from storage.db import Store
+from storage import keys
+from storage.db import DB_NAMES, LAST_APPLIED, Store
 
 log = logging.getLogger("schedulerd.snapshot")
 
@@ -38,6 +40,52 @@ def write(store: Store, path: str, data: tuple[Any, ...]) -> None:
         store.env.copyfd(f.fileno(), compact=True)
         os.fsync(f.fileno())
     log.info("snapshot_written path=%s raft_index=%d bytes=%d", path, last[1], os.path.getsize(path))
+
+
+# pysyncobj's NO_OP command byte: the synthetic entries a backup resumes the log after.
+_NO_OP = b"\x01"
+
+
+def write_backup(lmdb_path: str, out_path: str) -> int:
+    """A consistent copy of a live node's store, as a snapshot file; returns its last_applied.
+
+    Runs beside the daemon (LMDB allows readers in other processes): the copy is
+    one read txn. The Raft position is synthesized at the store's last_applied
+    with term 0, so a cluster restored from it (every node starting from this
+    file, with empty journals) continues the log right after it and fences keep
+    growing. Restoring one node of a running cluster needs no backup: wipe its
+    data dir and it catches up from the leader."""
+    env = lmdb.open(lmdb_path, readonly=True, lock=True, max_dbs=len(DB_NAMES) + 1, subdir=True)
+    try:
+        with env.begin() as txn:
+            meta = env.open_db(b"meta", txn=txn)
+            raw = txn.get(LAST_APPLIED, db=meta)
+            applied = keys.read_u64(raw) if raw else 0
+        if applied < 2:
+            raise ValueError(f"{lmdb_path} has applied nothing yet (last_applied {applied}); nothing to back up")
+        header = msgpack.packb({"last": [_NO_OP, applied, 0], "prev": [_NO_OP, applied - 1, 0],
+                                "last_applied": applied}, use_bin_type=True)
+        tmp = out_path + ".partial"
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + _LEN.pack(len(header)) + header)
+            f.flush()
+            env.copyfd(f.fileno(), compact=True)
+            os.fsync(f.fileno())
+        os.replace(tmp, out_path)
+        return applied
+    finally:
+        env.close()
+
+
+def install_backup(backup_path: str, snapshot_path: str) -> int:
+    """Put a backup where a node with an empty data dir loads it at start; returns its last_applied."""
+    header, _ = read_header(backup_path)
+    tmp = snapshot_path + ".partial"
+    shutil.copyfile(backup_path, tmp)
+    _fsync_file(tmp)
+    os.replace(tmp, snapshot_path)
+    _fsync_file(snapshot_path)
+    return int(header["last_applied"])
 
 
 def read_header(path: str) -> tuple[dict[str, Any], int]:
