@@ -20,7 +20,7 @@ from storage.ops import Op
 
 log = logging.getLogger("schedulerd.raft")
 
-Applied = Callable[[int, "Op | None", dict[str, Any]], None]
+Applied = Callable[[int, int, Op, dict[str, Any]], None]  # (group, raft index, op, result)
 
 
 class ProposalFailed(Exception):
@@ -162,7 +162,7 @@ class Group:
     def _notify_applied(self, index: int, op: Op, result: dict[str, Any]) -> None:
         assert self._on_applied is not None
         try:
-            self._on_applied(self.group_id, op, result)
+            self._on_applied(self.group_id, index, op, result)
         except Exception:
             log.exception("on_applied callback failed group=%d raft_index=%d", self.group_id, index)
 

@@ -44,10 +44,12 @@ class Node:
         for group in self.groups:
             group.destroy()
 
-    def _on_applied(self, group_id: int, op: Op, result: dict[str, Any]) -> None:
-        """Runs in a Raft tick thread."""
+    def _on_applied(self, group_id: int, index: int, op: Op, result: dict[str, Any]) -> None:
+        """Runs in a Raft tick thread, after the entry's commit."""
         for listener in self.applied_listeners:
             listener(op, result)
+        if log.isEnabledFor(logging.DEBUG):
+            log_applied(group_id, index, op, result)
         if op in READY_CHANGING and self.loop is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self._pulse_ready)
 
@@ -92,3 +94,30 @@ class Node:
         except asyncio.TimeoutError:
             raise OutcomeUnknown(f"{op.name} not committed within {self.config.propose_timeout_s}s "
                                  "(no quorum?); it may still be applied — retry with the same id") from None
+
+
+_RUN_EVENTS = {Op.NACK: "run_nacked", Op.REDRIVE_RUN: "run_redriven", Op.TRIGGER_JOB: "run_triggered"}
+
+
+def log_applied(group_id: int, index: int, op: Op, result: dict[str, Any]) -> None:
+    """Per job and per run events, for --log-level DEBUG only: at INFO the hot path logs nothing."""
+    if op == Op.CREATE_JOBS:
+        for r in result["results"]:
+            if r["ok"] and not r.get("existing"):
+                log.debug("job_created job_id=%s group=%d raft_index=%d", r["job_id"], group_id, index)
+    elif op == Op.CLAIM_BATCH:
+        for run_id in result["runs"]:
+            log.debug("run_claimed run_id=%s group=%d raft_index=%d", run_id, group_id, index)
+    elif op == Op.LEASE_BATCH:
+        for worker_id, tasks in result["grants"]:
+            for t in tasks:
+                log.debug("run_leased run_id=%s job_id=%s worker_id=%s fence=%d raft_index=%d",
+                          t["run_id"], t["job_id"], worker_id, t["fence"], index)
+    elif op == Op.ACK:
+        for r in result["results"]:
+            if r["ok"]:
+                log.debug("run_acked run_id=%s raft_index=%d", r["run_id"], index)
+    elif op in _RUN_EVENTS and result.get("ok"):
+        run = result["run"]
+        log.debug("%s run_id=%s job_id=%s state=%s raft_index=%d", _RUN_EVENTS[op], run["run_id"],
+                  run["job_id"], run["state"], index)

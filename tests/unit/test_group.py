@@ -33,7 +33,7 @@ class Recorder:
         self.applied: list[tuple[int, Op]] = []
         self.fatal: list[str] = []
 
-    def on_applied(self, group: int, op: Op, result: dict[str, Any]) -> None:
+    def on_applied(self, group: int, index: int, op: Op, result: dict[str, Any]) -> None:
         self.applied.append((group, op))
 
     def on_fatal(self, message: str) -> None:

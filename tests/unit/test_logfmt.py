@@ -22,3 +22,16 @@ def test_json_lines_carry_level_logger_event_fields_and_the_whole_message() -> N
     assert line["level"] == "warning" and line["logger"] == "schedulerd.leader"
     assert line["event"] == "leader_scan_failed" and line["group"] == "0" and line["error"] == "disk full"
     assert line["msg"] == "leader_scan_failed group=0 error=disk full" and line["ts"].endswith("+00:00")
+
+
+def test_per_run_events_are_debug_only_with_their_ids(caplog) -> None:
+    from schedulerd.node import log_applied
+    from storage.ops import Op
+
+    lease = {"grants": [["w1", [{"run_id": "0-7-0", "job_id": "backup", "fence": 9}]]], "skipped": 0, "now": 1}
+    with caplog.at_level(logging.DEBUG, logger="schedulerd.node"):
+        log_applied(0, 9, Op.LEASE_BATCH, lease)
+        log_applied(0, 5, Op.CREATE_JOBS, {"results": [{"job_id": "backup", "ok": True}]})
+    assert "run_leased run_id=0-7-0 job_id=backup worker_id=w1 fence=9 raft_index=9" in caplog.text
+    assert "job_created job_id=backup group=0 raft_index=5" in caplog.text
+    assert all(r.levelno == logging.DEBUG for r in caplog.records)
