@@ -10,8 +10,11 @@ this module is the entry point (`schedctl = cli.main:main`) that gathers them.
 """
 from __future__ import annotations
 
-import click
+import os
+from typing import Any
 
+import click
+import yaml
 from click.shell_completion import get_completion_class
 
 from cli import jobs, live, runs
@@ -23,23 +26,60 @@ from schedulerd.client import Client
 __all__ = ["CliError", "format_fields", "format_table", "main", "schedctl"]
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"
+CONFIG_PATH = "~/.config/schedctl/config.yaml"
 
 
 @click.group(cls=OneLineGroup)
 @click.option("--server", envvar="SCHEDCTL_SERVER", default=DEFAULT_SERVER, show_default=True,
               metavar="URL[,URL...]", help="Server base URLs, tried in turn (env SCHEDCTL_SERVER).")
+@click.option("--token", envvar="SCHEDCTL_TOKEN", metavar="TOKEN",
+              help="API bearer token (env SCHEDCTL_TOKEN, or `token:` in the config file).")
+@click.option("--ca-file", envvar="SCHEDCTL_CA_FILE", type=click.Path(exists=True, dir_okay=False),
+              help="Verify https servers against this CA bundle (env SCHEDCTL_CA_FILE).")
+@click.option("--config", "config_path", envvar="SCHEDCTL_CONFIG", default=CONFIG_PATH, show_default=True,
+              help="YAML with server, token, ca_file: used for whatever flags and env leave unset.")
 @click.option("--json", "as_json", is_flag=True, help="Print the server's JSON document.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
               show_default=True, metavar="SECONDS",
               help="Overall time per command, failover and retries included.")
 @click.pass_context
-def schedctl(ctx: click.Context, server: str, as_json: bool, timeout: float) -> None:
-    """Schedule jobs on a schedulerd cluster and look at them."""
+def schedctl(ctx: click.Context, server: str, token: str | None, ca_file: str | None, config_path: str,
+             as_json: bool, timeout: float) -> None:
+    """Schedule jobs on a schedulerd cluster and look at them.
+
+    \b
+    Example:
+        schedctl --server https://10.0.0.1:8080,https://10.0.0.2:8080 --token "$TOKEN" list
+    """
+    config = _config(config_path)
+    if ctx.get_parameter_source("server") == click.core.ParameterSource.DEFAULT and "server" in config:
+        server = str(config["server"])
+    token = token if token is not None else config.get("token")
+    ca_file = ca_file if ca_file is not None else config.get("ca_file")
     try:
-        client = Client(server, timeout_s=timeout)
+        client = Client(server, timeout_s=timeout, token=token, ca_file=ca_file)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--server'") from None
-    ctx.obj = Session(client, as_json, _server_urls(server))
+    ctx.obj = Session(client, as_json, _server_urls(server), token, ca_file)
+
+
+def _config(path: str) -> dict[str, Any]:
+    """The config file's settings; a missing default file is no error, a broken one is."""
+    expanded = os.path.expanduser(path)
+    if not os.path.exists(expanded):
+        if path != CONFIG_PATH:
+            raise click.BadParameter(f"no such file {path!r}", param_hint="'--config'")
+        return {}
+    try:
+        with open(expanded, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.BadParameter(f"cannot read {path!r}: {exc}", param_hint="'--config'") from None
+    unknown = sorted(set(data) - {"server", "token", "ca_file"}) if isinstance(data, dict) else ["(not a mapping)"]
+    if unknown:
+        raise click.BadParameter(f"{path!r}: unknown keys {', '.join(unknown)}; allowed: server, token, ca_file",
+                                 param_hint="'--config'")
+    return data
 
 
 def _server_urls(server: str) -> tuple[str, ...]:

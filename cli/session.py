@@ -63,6 +63,8 @@ class Session:
     client: Client
     as_json: bool
     servers: tuple[str, ...]  # base URLs as given to --server, with a scheme
+    token: str | None = None  # for the workers schedctl runs
+    ca_file: str | None = None
 
     def show(self, document: Any, human: Callable[[Any], str]) -> None:
         click.echo(json.dumps(document, indent=2) if self.as_json else human(document))

@@ -4,6 +4,7 @@ outside, over signals, files the daemon documents (--clock-offset-file) and HTTP
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -69,6 +70,11 @@ class Cluster:
         os.makedirs(base, exist_ok=True)
         self.nodes = [Node(i, os.path.join(base, f"n{i}"), os.path.join(base, f"n{i}.log"),
                            os.path.join(base, f"n{i}.clock-offset")) for i in range(n)]
+        # Raft runs encrypted and authenticated, as in production; the HTTP API stays open
+        # on the private bridge (--insecure) so the checkers need no tokens.
+        self.secret_file = os.path.join(out_dir, "cluster.secret")
+        with open(os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(secrets.token_urlsafe(32))
 
     @property
     def urls(self) -> list[str]:
@@ -79,7 +85,8 @@ class Cluster:
         peers = ",".join(p.raft for p in self.nodes if p.idx != i)
         args = ["ip", "netns", "exec", net.node_ns(i), sys.executable, "-m", "schedulerd.main",
                 "--data-dir", node.data_dir, "--http", f"{node.ip}:{HTTP_PORT}", "--raft", node.raft,
-                "--peers", peers, "--clock-offset-file", node.offset_file, "--lease-s", str(self.lease_s)]
+                "--peers", peers, "--clock-offset-file", node.offset_file, "--lease-s", str(self.lease_s),
+                "--cluster-secret-file", self.secret_file, "--insecure"]
         log = open(node.log_path, "ab")
         # `ip netns exec` execs the command in place: the pid we get is the daemon's own.
         node.proc = subprocess.Popen(args, cwd=self.repo_root, stdout=log, stderr=subprocess.STDOUT,

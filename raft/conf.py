@@ -1,7 +1,10 @@
 """Raft settings for one node, with units in the names and their relations checked."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+SECRET_CHARS_MIN = 16
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,9 @@ class RaftConfig:
     compaction_interval_s: float = 600.0
     # Virtual size of each LMDB map (a sparse file; grows as data does).
     lmdb_map_bytes: int = 32 << 30
+    # Shared cluster secret: pysyncobj derives a Fernet key (AES + HMAC) from it and
+    # every Raft message is encrypted and authenticated. None: plain pickle (loopback only).
+    secret: str | None = field(default=None, repr=False)
 
     def validate(self) -> None:
         if not 0 < self.election_timeout_s_min < self.election_timeout_s_max:
@@ -44,6 +50,8 @@ class RaftConfig:
             raise ValueError("groups must be 1..64")
         for addr in (self.self_addr, *self.peers):
             group_addr(addr, 0)
+        if self.secret is not None and len(self.secret) < SECRET_CHARS_MIN:
+            raise ValueError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")
 
     def node_addrs(self, group: int) -> tuple[str, list[str]]:
         return group_addr(self.self_addr, group), [group_addr(p, group) for p in self.peers]

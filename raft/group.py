@@ -124,6 +124,7 @@ class Group:
             logCompactionMinTime=conf.compaction_interval_s,
             dynamicMembershipChange=False,
             commandsWaitLeader=False,
+            password=conf.secret,
         )
         self.replica = _Replica(self, self.self_addr, self.peers, sconf)
         self.journal = journal.journal_for(journal_path)

@@ -8,7 +8,8 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd import dashboard, openapi, routes_jobs, routes_preview, routes_tasks
+from schedulerd import auth, dashboard, openapi, routes_jobs, routes_preview, routes_tasks
+from schedulerd.auth import TokenFile
 from schedulerd.errors import SchedulerError, Unavailable, status_of
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.metrics import Metrics
@@ -27,6 +28,8 @@ def error_response(status: int, code: str, message: str) -> web.Response:
     resp = web.json_response({"error": {"code": code, "message": message}}, status=status)
     if status == 503:
         resp.headers["Retry-After"] = RETRY_AFTER_S
+    if status == 401:
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="schedulerd"'
     return resp
 
 
@@ -47,10 +50,30 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(500, "internal", "internal error; see the server log")
 
 
-def make_app(node: Node, leases: LeaseQueue) -> web.Application:
+def auth_middleware(tokens: TokenFile | None) -> Any:
+    """Authenticate and authorize by route; without a tokens file every caller is admin."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        if resource is None:
+            return await handler(request)  # no such route: the 404 says nothing worth hiding
+        route = resource.canonical
+        if tokens is None or auth.required_scopes(request.method, route) is None:
+            request["principal"] = auth.OPEN if tokens is None else None
+            return await handler(request)
+        principal = tokens.authenticate(request.headers.get("Authorization"))
+        auth.authorize(principal, request.method, route)
+        request["principal"] = principal
+        return await handler(request)
+
+    return check
+
+
+def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) -> web.Application:
     metrics = Metrics(node, lambda: leases.waiters)
     metrics.attach()
-    app = web.Application(middlewares=[metrics.middleware, errors_middleware],
+    app = web.Application(middlewares=[metrics.middleware, errors_middleware, auth_middleware(tokens)],
                           client_max_size=node.config.limits.request_bytes_max)
 
     async def cluster(request: web.Request) -> web.Response:

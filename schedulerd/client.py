@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import ssl
 import time
 import uuid
 from dataclasses import dataclass
@@ -167,12 +168,15 @@ class Client:
         servers: Sequence[str] | str,
         timeout_s: float = 10.0,
         token: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self._servers = _parse_servers(servers)
         self.timeout_s = timeout_s
         self._token = token
+        # https servers are verified against the system CAs, or against ca_file's.
+        self._tls = ssl.create_default_context(cafile=ca_file)
         self._preferred = 0  # index of the last server that answered
 
     # -- jobs ---------------------------------------------------------------
@@ -461,8 +465,9 @@ class Client:
         self, server: _Server, method: str, target: str, data: bytes | None, read_s: float,
         extra_headers: Mapping[str, str] | None = None,
     ) -> _Response:
-        connection = http.client.HTTPSConnection if server.https else http.client.HTTPConnection
-        conn = connection(server.host, server.port, timeout=min(read_s, CONNECT_S_MAX))
+        timeout = min(read_s, CONNECT_S_MAX)
+        conn = (http.client.HTTPSConnection(server.host, server.port, timeout=timeout, context=self._tls)
+                if server.https else http.client.HTTPConnection(server.host, server.port, timeout=timeout))
         connected = False
         try:
             conn.connect()

@@ -77,6 +77,18 @@ class Unauthorized(SchedulerError):
     code = "unauthorized"
 
 
+class Forbidden(SchedulerError):
+    """Authenticated, but the token's scopes do not allow this call."""
+
+    code = "forbidden"
+
+
+class TooManyRequests(LimitExceeded):
+    """A limit on concurrent use (long-poll waiters) is reached: retry later."""
+
+    code = "too_many_requests"
+
+
 STATUS: dict[type[SchedulerError], int] = {
     InvalidRequest: 400,
     InvalidJob: 400,
@@ -88,6 +100,8 @@ STATUS: dict[type[SchedulerError], int] = {
     Unavailable: 503,
     OutcomeUnknown: 503,
     Unauthorized: 401,
+    Forbidden: 403,
+    TooManyRequests: 429,
     SchedulerError: 500,
 }
 

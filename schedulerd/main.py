@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import os
 import signal
+import ssl
 import subprocess
 import sys
 
@@ -15,8 +16,9 @@ import uvloop
 from aiohttp import web
 
 from raft import snapshot
+from schedulerd import auth, logfmt
+from schedulerd.auth import TokenFile
 from raft.conf import RaftConfig
-from schedulerd import logfmt
 from schedulerd.api import make_app
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
@@ -43,20 +45,23 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-async def serve(config: NodeConfig, clock: Clock) -> None:
+async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = None,
+                tls: ssl.SSLContext | None = None) -> None:
     loop = asyncio.get_running_loop()
     node = Node(config, clock)
     node.start(loop)
     leases = LeaseQueue(node)
     loops = LeaderLoops(node)
     loops.start()
-    runner = web.AppRunner(make_app(node, leases), access_log=None)
+    runner = web.AppRunner(make_app(node, leases, tokens), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
+    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True, ssl_context=tls)
     await site.start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if tokens is not None:
+        loop.add_signal_handler(signal.SIGHUP, tokens.reload)
     log.info("node_started http=%s:%d raft=%s peers=%s data_dir=%s", config.http_host, config.http_port,
              config.raft.self_addr, ",".join(config.raft.peers) or "-", config.raft.data_dir)
     await stop.wait()
@@ -82,32 +87,118 @@ async def serve(config: NodeConfig, clock: Clock) -> None:
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(logfmt.FORMATS),
               help="text: one line per event; json: one object per line, the event's key=value fields as keys.")
+@click.option("--tokens-file", type=click.Path(exists=True, dir_okay=False),
+              help="API bearer tokens (hashes and scopes; `schedulerd token create` writes it). Re-read on SIGHUP.")
+@click.option("--cluster-secret-file", type=click.Path(exists=True, dir_okay=False),
+              help="Shared secret (16+ chars, same on every node): Raft traffic is encrypted and authenticated.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="PEM certificate (chain) for HTTPS.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key for --tls-cert.")
+@click.option("--insecure", is_flag=True,
+              help="Allow a non-loopback --http without --tokens-file, or --raft without --cluster-secret-file.")
 @click.pass_context
 def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None, peers: str, groups: int,
         lease_s: float, compaction_entries: int, clock_offset_file: str | None, log_level: str,
-        log_format: str) -> None:
-    """Run a schedulerd node. With no flags: a single-node cluster on 127.0.0.1:8080."""
+        log_format: str, tokens_file: str | None, cluster_secret_file: str | None, tls_cert: str | None,
+        tls_key: str | None, insecure: bool) -> None:
+    """Run a schedulerd node. With no flags: a single-node cluster on 127.0.0.1:8080.
+
+    \b
+    Example (one of three machines):
+        schedulerd --data-dir /var/lib/schedulerd --http 0.0.0.0:8080 --raft 10.0.0.1:9080 \\
+            --peers 10.0.0.2:9080,10.0.0.3:9080 --tokens-file /etc/schedulerd/tokens.yaml \\
+            --cluster-secret-file /etc/schedulerd/cluster.secret --tls-cert cert.pem --tls-key key.pem
+    """
     if ctx.invoked_subcommand is not None:
         return
     logfmt.configure(log_level, log_format)
     host, port = _addr(http_addr, "--http")
-    # Raft is pickle on the wire (pysyncobj): loopback unless the operator names an address.
     raft_addr = raft_addr or f"127.0.0.1:{port + RAFT_PORT_OFFSET}"
     raft_host, _ = _addr(raft_addr, "--raft")
-    if not _is_loopback(raft_host):
-        log.warning("raft_exposed addr=%s: Raft traffic is unauthenticated pickle; keep this port on a "
-                    "private network that only the cluster's nodes can reach", raft_addr)
+    secret = _read_secret(cluster_secret_file) if cluster_secret_file else None
+    _check_exposure(host, raft_host, tokens_file is not None, secret is not None, insecure)
+    tokens = _load_tokens(tokens_file) if tokens_file else None
     peer_list = tuple(p.strip() for p in peers.split(",") if p.strip())
     for p in peer_list:
         _addr(p, "--peers entry")
     config = NodeConfig(raft=RaftConfig(self_addr=raft_addr, peers=peer_list, data_dir=data_dir, groups=groups,
-                                        compaction_entries_min=compaction_entries),
+                                        compaction_entries_min=compaction_entries, secret=secret),
                         http_host=host, http_port=port, lease_s=lease_s)
     try:
         config.validate()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    uvloop.run(serve(config, Clock(offset_file=clock_offset_file)))
+    uvloop.run(serve(config, Clock(offset_file=clock_offset_file), tokens, _tls_context(tls_cert, tls_key)))
+
+
+def _check_exposure(http_host: str, raft_host: str, has_tokens: bool, has_secret: bool, insecure: bool) -> None:
+    """Refuse to expose an open API or plain Raft beyond loopback; say so loudly when open on loopback."""
+    problems = []
+    if not has_tokens and not _is_loopback(http_host):
+        problems.append(f"--http {http_host} is not loopback and there is no --tokens-file: anyone who reaches "
+                        "it could create, read and run jobs")
+    if not has_secret and not _is_loopback(raft_host):
+        problems.append(f"--raft {raft_host} is not loopback and there is no --cluster-secret-file: Raft would "
+                        "be unauthenticated pickle (remote code execution for anyone who reaches it)")
+    if problems and not insecure:
+        raise click.UsageError("; ".join(problems) + ". Add the file(s), or --insecure on a network you trust.")
+    for problem in problems:
+        log.warning("insecure %s (--insecure given)", problem)
+    if not has_tokens and _is_loopback(http_host):
+        log.warning("auth_off the API has no --tokens-file: every local caller is admin. Fine for a "
+                    "single-node trial on loopback; never for a shared machine or a cluster")
+
+
+def _read_secret(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        secret = f.read().strip()
+    if os.stat(path).st_mode & 0o077:
+        log.warning("secret_file_readable path=%s: chmod 600 it; anyone who reads it can join the cluster", path)
+    return secret
+
+
+def _load_tokens(path: str) -> TokenFile:
+    try:
+        return TokenFile(path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tokens-file'") from None
+
+
+def _tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if (cert is None) != (key is None):
+        raise click.UsageError("give both --tls-cert and --tls-key, or neither")
+    if cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise click.BadParameter(f"cannot load the certificate/key: {exc}", param_hint="'--tls-cert'") from None
+    return context
+
+
+@cli.group("token")
+def token_group() -> None:
+    """Manage API tokens in a tokens file (the file holds only their hashes)."""
+
+
+@token_group.command("create")
+@click.option("--tokens-file", required=True, type=click.Path(dir_okay=False))
+@click.option("--name", required=True, help="Who or what uses it; shown in errors and the audit log.")
+@click.option("--scope", "scopes", multiple=True, required=True, type=click.Choice(auth.SCOPES))
+@click.option("--namespace", "namespaces", multiple=True, help="Limit to these namespaces [all].")
+def token_create(tokens_file: str, name: str, scopes: tuple[str, ...], namespaces: tuple[str, ...]) -> None:
+    """Add a token; prints it once (only its hash is stored). SIGHUP the nodes to load it.
+
+    \b
+    Example:
+        schedulerd token create --tokens-file /etc/schedulerd/tokens.yaml --name ci --scope scheduler
+    """
+    try:
+        token = auth.add_token(tokens_file, name, list(scopes), list(namespaces) or [auth.ALL_NAMESPACES])
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(token)
 
 
 @cli.command("dev-cluster")

@@ -12,8 +12,8 @@ from tests.integration.harness import Cluster
 def make_cluster(tmp_path: pathlib.Path) -> Iterator:
     clusters: list[Cluster] = []
 
-    def make(n: int) -> Cluster:
-        cluster = Cluster.create(str(tmp_path), n)
+    def make(n: int, extra_args: list[str] | None = None, token: str | None = None) -> Cluster:
+        cluster = Cluster.create(str(tmp_path), n, extra_args, token)
         clusters.append(cluster)
         cluster.start()
         return cluster

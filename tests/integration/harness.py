@@ -35,9 +35,13 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interv
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_error!r}")
 
 
-def http(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
+def http(method: str, url: str, body: Any = None, timeout_s: float = 10.0,
+         token: str | None = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -54,6 +58,8 @@ class NodeProc:
     data_dir: str
     log_path: str
     proc: subprocess.Popen | None = None
+    extra_args: list[str] = field(default_factory=list)
+    token: str | None = None  # sent by get/post when set
 
     @property
     def url(self) -> str:
@@ -62,7 +68,7 @@ class NodeProc:
     def start(self) -> None:
         args = [sys.executable, "-m", "schedulerd.main", "--data-dir", self.data_dir,
                 "--http", f"127.0.0.1:{self.http_port}", "--raft", self.raft_addr,
-                "--peers", ",".join(self.peers)]
+                "--peers", ",".join(self.peers), *self.extra_args]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
@@ -84,10 +90,10 @@ class NodeProc:
         self.proc = None
 
     def get(self, path: str) -> tuple[int, Any]:
-        return http("GET", self.url + path)
+        return http("GET", self.url + path, token=self.token)
 
     def post(self, path: str, body: Any) -> tuple[int, Any]:
-        return http("POST", self.url + path, body)
+        return http("POST", self.url + path, body, token=self.token)
 
     def group0(self) -> dict[str, Any]:
         status, body = self.get("/v1/cluster")
@@ -100,11 +106,13 @@ class Cluster:
     nodes: list[NodeProc] = field(default_factory=list)
 
     @classmethod
-    def create(cls, base_dir: str, n: int) -> "Cluster":
+    def create(cls, base_dir: str, n: int, extra_args: list[str] | None = None,
+               token: str | None = None) -> "Cluster":
         ports = free_ports(2 * n)
         raft = [f"127.0.0.1:{ports[n + i]}" for i in range(n)]
         nodes = [NodeProc(f"n{i}", ports[i], raft[i], [r for j, r in enumerate(raft) if j != i],
-                          os.path.join(base_dir, f"n{i}"), os.path.join(base_dir, f"n{i}.log"))
+                          os.path.join(base_dir, f"n{i}"), os.path.join(base_dir, f"n{i}.log"),
+                          extra_args=list(extra_args or []), token=token)
                  for i in range(n)]
         return cls(nodes)
 

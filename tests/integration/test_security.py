@@ -1,0 +1,159 @@
+"""Scoped tokens on a real node, refusal to expose an open API or plain Raft, and
+a node with the wrong cluster secret that can neither join nor disturb."""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+
+import pytest
+
+from schedulerd.client import Client
+from schedulerd.errors import Forbidden, Unauthorized
+from schedulerd.worker import Worker
+from tests.integration.harness import NodeProc, free_ports, http, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def status_of(url: str, bearer: str | None = None) -> int:
+    """The HTTP status of a GET, whatever the body's format."""
+    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def token(tokens_file: pathlib.Path, name: str, *scopes: str) -> str:
+    args = [sys.executable, "-m", "schedulerd.main", "token", "create", "--tokens-file", str(tokens_file),
+            "--name", name, *[a for s in scopes for a in ("--scope", s)]]
+    return subprocess.run(args, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_scopes_decide_what_each_token_may_call(make_cluster, tmp_path: pathlib.Path) -> None:
+    tokens_file = tmp_path / "tokens.yaml"
+    admin = token(tokens_file, "ops", "admin")
+    sched = token(tokens_file, "deployer", "scheduler")
+    work = token(tokens_file, "billing-worker", "worker")
+    read = token(tokens_file, "dashboard", "read")
+    assert admin not in tokens_file.read_text(), "only hashes are stored"
+    assert oct(tokens_file.stat().st_mode & 0o777) == "0o600"
+
+    node = make_cluster(1, ["--tokens-file", str(tokens_file)], token=admin).nodes[0]
+    url = node.url
+    job = {"job_id": "j", "schedule": {"at": datetime.now(timezone.utc).isoformat()}, "queue": "q"}
+
+    status, body = http("GET", f"{url}/v1/jobs")
+    assert status == 401 and body["error"]["code"] == "unauthorized"
+    assert http("GET", f"{url}/v1/jobs", token="sdt_not-a-token")[0] == 401
+    assert status_of(f"{url}/healthz") == 200 and status_of(f"{url}/ui") == 200
+    assert status_of(f"{url}/metrics") == 401
+
+    status, body = http("POST", f"{url}/v1/jobs", job, token=read)
+    assert status == 403 and "needs scope admin or scheduler" in body["error"]["message"]
+    assert "'dashboard' has read" in body["error"]["message"]
+    assert http("GET", f"{url}/v1/jobs", token=read)[0] == 200
+    assert status_of(f"{url}/metrics", read) == 200
+    assert http("POST", f"{url}/v1/jobs", job, token=sched)[0] == 201
+    assert http("GET", f"{url}/v1/jobs/j", token=sched)[0] == 200
+
+    status, body = http("GET", f"{url}/v1/jobs", token=work)
+    assert status == 403 and "billing-worker" in body["error"]["message"]
+    status, body = http("POST", f"{url}/v1/tasks/poll", {"worker_id": "w", "queues": ["q"], "wait_s": 5},
+                        token=work)
+    assert status == 200 and [t["job_id"] for t in body["tasks"]] == ["j"]
+    assert http("POST", f"{url}/v1/tasks/poll", {"worker_id": "w", "queues": ["q"]}, token=sched)[0] == 403
+
+    # The client library and schedctl carry the token; the typed errors say which is wrong.
+    assert Client(url, token=sched).get_job("j")["job_id"] == "j"
+    with pytest.raises(Forbidden):
+        Client(url, token=read).cancel_job("j")
+    with pytest.raises(Unauthorized):
+        Client(url).get_job("j")
+    env = {**os.environ, "SCHEDCTL_TOKEN": read}
+    out = subprocess.run([sys.executable, "-m", "cli.main", "--server", url, "get", "j"], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 0 and "job_id:" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "cli.main", "--server", url, "--token", read, "cancel", "j"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and out.stderr.startswith("error: forbidden: ")
+
+    # SIGHUP reloads the file: a new token works at once; a broken file keeps the old ones.
+    late = token(tokens_file, "late", "read")
+    assert http("GET", f"{url}/v1/jobs", token=late)[0] == 401
+    node.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: http("GET", f"{url}/v1/jobs", token=late)[0] == 200, 10, "the reloaded token")
+    good = tokens_file.read_text()
+    tokens_file.write_text("tokens: [this is not: valid")
+    node.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "tokens_reload_failed" in pathlib.Path(node.log_path).read_text(), 10, "the reload error")
+    assert http("GET", f"{url}/v1/jobs", token=late)[0] == 200
+    tokens_file.write_text(good)
+
+
+def test_the_worker_sdk_sends_its_token(make_cluster, tmp_path: pathlib.Path) -> None:
+    tokens_file = tmp_path / "tokens.yaml"
+    admin = token(tokens_file, "ops", "admin")
+    work = token(tokens_file, "w", "worker")
+    node = make_cluster(1, ["--tokens-file", str(tokens_file)], token=admin).nodes[0]
+    assert node.post("/v1/jobs", {"job_id": "j", "schedule": {"at": datetime.now(timezone.utc).isoformat()},
+                                  "queue": "q"})[0] == 201
+    worker = Worker([node.url], wait_s=1, token=work)
+    worker.handler("q")(lambda task: "done")
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: worker.stats.acked == 1, 15, "the ack")
+    finally:
+        worker.stop()
+        thread.join(15)
+
+
+def test_exposing_an_open_api_or_plain_raft_is_refused(tmp_path: pathlib.Path) -> None:
+    http_port, raft_port = free_ports(2)
+    base = [sys.executable, "-m", "schedulerd.main", "--data-dir", str(tmp_path / "d")]
+    refused = subprocess.run([*base, "--http", f"0.0.0.0:{http_port}"], capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 2 and "no --tokens-file" in refused.stderr
+    refused = subprocess.run([*base, "--http", f"127.0.0.1:{http_port}", "--raft", f"0.0.0.0:{raft_port}"],
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 2 and "no --cluster-secret-file" in refused.stderr
+
+
+def test_a_node_with_the_wrong_secret_cannot_join_or_disturb(make_cluster, tmp_path: pathlib.Path) -> None:
+    secret = tmp_path / "cluster.secret"
+    secret.write_text("correct horse battery staple 42")
+    secret.chmod(0o600)
+    cluster = make_cluster(3, ["--cluster-secret-file", str(secret)])
+    leader = cluster.leader()
+    term = leader.group0()["term"]
+    victim = next(n for n in cluster.nodes if n is not leader)
+    victim.stop()
+
+    wrong = tmp_path / "wrong.secret"
+    wrong.write_text("an impostor's guess at it")
+    impostor = NodeProc("impostor", victim.http_port, victim.raft_addr, victim.peers,
+                        str(tmp_path / "impostor"), str(tmp_path / "impostor.log"),
+                        extra_args=["--cluster-secret-file", str(wrong)])
+    impostor.start()
+    try:
+        wait_until(lambda: impostor.get("/healthz")[0] == 200, 20, "the impostor to answer")
+        deadline = time.monotonic() + 5  # several election timeouts of the impostor's
+        while time.monotonic() < deadline:
+            assert leader.group0()["is_leader"], "the impostor disturbed the leader"
+            time.sleep(0.2)
+        assert leader.group0()["term"] == term, "the impostor's votes reached the cluster"
+        assert leader.post("/v1/jobs", {"job_id": "still-writable", "schedule": {"every": "1h"}})[0] == 201
+        status = impostor.group0()
+        assert status["leader"] is None and status["last_applied"] <= 1, "the impostor got the log"
+        assert impostor.get("/v1/jobs/still-writable")[0] == 404
+    finally:
+        impostor.stop()
