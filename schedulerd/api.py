@@ -22,6 +22,8 @@ log = logging.getLogger("schedulerd.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RETRY_AFTER_S = "1"
+# Who made the request (None on routes that need no token), for handlers that scope by it.
+PRINCIPAL = web.RequestKey("principal", object)
 
 
 def error_response(status: int, code: str, message: str) -> web.Response:
@@ -60,11 +62,11 @@ def auth_middleware(tokens: TokenFile | None) -> Any:
             return await handler(request)  # no such route: the 404 says nothing worth hiding
         route = resource.canonical
         if tokens is None or auth.required_scopes(request.method, route) is None:
-            request["principal"] = auth.OPEN if tokens is None else None
+            request[PRINCIPAL] = auth.OPEN if tokens is None else None
             return await handler(request)
         principal = tokens.authenticate(request.headers.get("Authorization"))
         auth.authorize(principal, request.method, route)
-        request["principal"] = principal
+        request[PRINCIPAL] = principal
         return await handler(request)
 
     return check
