@@ -9,6 +9,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from schedulerd import auth, dashboard, openapi, routes_jobs, routes_preview, routes_tasks
+from schedulerd import request as request_mod
 from schedulerd.auth import TokenFile
 from schedulerd.errors import SchedulerError, Unavailable, status_of
 from schedulerd.lease_queue import LeaseQueue
@@ -77,6 +78,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
     metrics.attach()
     app = web.Application(middlewares=[metrics.middleware, errors_middleware, auth_middleware(tokens)],
                           client_max_size=node.config.limits.request_bytes_max)
+    app[request_mod.LIMITS] = node.config.limits
 
     async def cluster(request: web.Request) -> web.Response:
         return web.json_response({"node": node.config.raft.self_addr,

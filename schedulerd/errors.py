@@ -83,6 +83,12 @@ class Forbidden(SchedulerError):
     code = "forbidden"
 
 
+class SlowRequest(SchedulerError):
+    """The client sent its request too slowly."""
+
+    code = "request_timeout"
+
+
 class TooManyRequests(LimitExceeded):
     """A limit on concurrent use (long-poll waiters) is reached: retry later."""
 
@@ -102,6 +108,7 @@ STATUS: dict[type[SchedulerError], int] = {
     Unauthorized: 401,
     Forbidden: 403,
     TooManyRequests: 429,
+    SlowRequest: 408,
     SchedulerError: 500,
 }
 

@@ -53,7 +53,7 @@ def parse_duration_us(text: Any) -> int:
     return total
 
 
-def parse_schedule(raw: Any, now_us: int) -> dict[str, Any]:
+def parse_schedule(raw: Any, now_us: int, limits: Limits) -> dict[str, Any]:
     if not isinstance(raw, dict) or len(raw.keys() & {"at", "cron", "every"}) != 1:
         raise InvalidJob("schedule must be exactly one of {\"at\": ISO8601}, "
                          "{\"cron\": EXPR, \"timezone\": ZONE} or {\"every\": DURATION}")
@@ -70,6 +70,8 @@ def parse_schedule(raw: Any, now_us: int) -> dict[str, Any]:
             raise InvalidJob(f"schedule.every {raw['every']!r} must be between 1s and 366d")
         return {"kind": "every", "every_us": every, "anchor_us": now_us}
     _only(raw, {"cron", "timezone"}, "schedule")
+    if isinstance(raw["cron"], str) and len(raw["cron"]) > limits.cron_chars_max:
+        raise InvalidJob(f"schedule.cron is {len(raw['cron'])} characters; cron_chars_max is {limits.cron_chars_max}")
     tz = raw.get("timezone", "UTC")
     if not isinstance(tz, str):
         raise InvalidJob("schedule.timezone must be an IANA zone name like 'Europe/Berlin'")
@@ -108,7 +110,7 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
     current backoff, so changing one part keeps the others)."""
     out: dict[str, Any] = {}
     if "schedule" in raw:
-        out["schedule"] = parse_schedule(raw["schedule"], now_us)
+        out["schedule"] = parse_schedule(raw["schedule"], now_us, limits)
         out["schedule_spec"] = raw["schedule"]
     if "queue" in raw:
         if not isinstance(raw["queue"], str) or not QUEUE_RE.match(raw["queue"]):

@@ -13,7 +13,7 @@ from typing import Any
 from raft.group import Group
 from schedulerd import views
 from schedulerd.coalescer import Coalescer
-from schedulerd.errors import LimitExceeded
+from schedulerd.errors import TooManyRequests
 from schedulerd.node import Node
 from storage import queries
 from storage.ops import Op
@@ -43,7 +43,7 @@ class LeaseQueue:
     async def poll(self, worker_id: str, queues: list[str], max_tasks: int, wait_s: float) -> list[dict[str, Any]]:
         limits = self.node.config.limits
         if self.waiters >= limits.poll_waiters_max:
-            raise LimitExceeded(f"poll_waiters_max ({limits.poll_waiters_max}) long-polls already wait on this node")
+            raise TooManyRequests(f"poll_waiters_max ({limits.poll_waiters_max}) long-polls already wait on this node")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         self.waiters += 1

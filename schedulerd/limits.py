@@ -44,6 +44,16 @@ class Limits:
     poll_waiters_max: int = 10_000
     # Fire times in one GET /v1/preview (computed inline on the event loop).
     preview_n_max: int = 100
+    # Queues one poll may name.
+    poll_queues_max: int = 64
+    # Characters of a cron expression (croniter's work grows with it).
+    cron_chars_max: int = 256
+    # HTTP request line and each header line, bytes (the HTTP parser answers 400 past them).
+    header_line_bytes_max: int = 8190
+    # Headers in one request.
+    headers_max: int = 64
+    # Seconds a client may take to send its request body; a slower one gets 408.
+    body_read_s_max: float = 30.0
     # Keys a /metrics scrape reads per scan (overdue jobs, ready queue); past it, lower bounds.
     metrics_scan_max: int = 100_000
     # Below this much free space on the data directory, the node refuses writes (503).

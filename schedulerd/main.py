@@ -53,7 +53,10 @@ async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = Non
     leases = LeaseQueue(node)
     loops = LeaderLoops(node)
     loops.start()
-    runner = web.AppRunner(make_app(node, leases, tokens), access_log=None)
+    limits = config.limits
+    runner = web.AppRunner(make_app(node, leases, tokens), access_log=None,
+                           max_line_size=limits.header_line_bytes_max, max_field_size=limits.header_line_bytes_max,
+                           max_headers=limits.headers_max)
     await runner.setup()
     site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True, ssl_context=tls)
     await site.start()

@@ -2,17 +2,28 @@
 naming the field and what is allowed."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from aiohttp import web
 
-from schedulerd.errors import InvalidRequest, LimitExceeded, TooLarge
+from schedulerd.errors import InvalidRequest, LimitExceeded, SlowRequest, TooLarge
+from schedulerd.limits import Limits
+
+
+LIMITS = web.AppKey("limits", Limits)
 
 
 async def body(request: web.Request) -> dict[str, Any]:
+    """The JSON object of the request; a client that dribbles it slower than body_read_s_max gets 408."""
+    read_s_max = request.app.get(LIMITS, Limits()).body_read_s_max
     try:
-        data = await request.json(loads=json.loads)
+        raw = await asyncio.wait_for(request.read(), read_s_max)
+    except asyncio.TimeoutError:
+        raise SlowRequest(f"the request body took longer than body_read_s_max ({read_s_max:g} s)") from None
+    try:
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -26,7 +26,7 @@ def routes(node: "Node") -> list[web.RouteDef]:
         query = dict(request.query)
         n = _count(query, n_max)
         now_us = node.clock.now_us()  # one reading: an every interval is anchored at it
-        schedule = jobspec.parse_schedule(_schedule_spec(query), now_us)
+        schedule = jobspec.parse_schedule(_schedule_spec(query), now_us, node.config.limits)
         fire_times = cron.preview(schedule, now_us, n)
         return web.json_response({"fire_times": [timefmt.to_iso(us) for us in fire_times]})
 

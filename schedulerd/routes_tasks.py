@@ -24,7 +24,7 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
     async def poll(request: web.Request) -> web.Response:
         data = await req.body(request)
         worker_id = req.string(data, "worker_id", max_len=128)
-        queues = req.items(data, "queues", max_items=64, limit_name="queues per poll (64)")
+        queues = req.items(data, "queues", max_items=limits.poll_queues_max, limit_name="poll_queues_max")
         if not all(isinstance(q, str) and q for q in queues):
             raise InvalidRequest("queues must be a list of queue names")
         max_tasks = req.integer(data, "max_tasks", low=1, high=limits.lease_batch_max, default=1,
