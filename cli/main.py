@@ -116,6 +116,21 @@ def top_command(session: Session, interval: float, once: bool) -> None:
     live.top(session, interval, once)
 
 
+@click.command("audit")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.pass_obj
+def audit_command(session: Session, limit: int) -> None:
+    """Show who changed what, newest first (needs an admin token).
+
+    \b
+    Example:
+        schedctl --token "$ADMIN_TOKEN" audit --limit 20
+    """
+    page = session.client.audit(limit=limit)
+    session.show(page, lambda doc: format_table(("AT", "WHO", "WHAT", "OUTCOME", "VIA"), [
+        (r["at"], r["who"], r["what"], r["outcome"], r["via"]) for r in doc["records"]]))
+
+
 @click.command("completion")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
@@ -131,7 +146,7 @@ def completion(shell: str) -> None:
     click.echo(cls(schedctl, {}, "schedctl", "_SCHEDCTL_COMPLETE").source())
 
 
-for _command in (*jobs.COMMANDS, *runs.COMMANDS, cluster, top_command, completion, worker):
+for _command in (*jobs.COMMANDS, *runs.COMMANDS, cluster, top_command, audit_command, completion, worker):
     schedctl.add_command(_command)
 
 

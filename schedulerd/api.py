@@ -11,7 +11,8 @@ from aiohttp import web
 from schedulerd import auth, dashboard, openapi, routes_jobs, routes_preview, routes_tasks
 from schedulerd import request as request_mod
 from schedulerd.auth import TokenFile
-from schedulerd.errors import SchedulerError, Unavailable, status_of
+from schedulerd.errors import InvalidRequest, SchedulerError, Unavailable, status_of
+from schedulerd.timefmt import to_iso
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.metrics import Metrics
 from schedulerd.node import Node
@@ -23,8 +24,6 @@ log = logging.getLogger("schedulerd.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RETRY_AFTER_S = "1"
-# Who made the request (None on routes that need no token), for handlers that scope by it.
-PRINCIPAL = web.RequestKey("principal", object)
 
 
 def error_response(status: int, code: str, message: str) -> web.Response:
@@ -63,11 +62,11 @@ def auth_middleware(tokens: TokenFile | None) -> Any:
             return await handler(request)  # no such route: the 404 says nothing worth hiding
         route = resource.canonical
         if tokens is None or auth.required_scopes(request.method, route) is None:
-            request[PRINCIPAL] = auth.OPEN if tokens is None else None
+            request[auth.PRINCIPAL] = auth.OPEN if tokens is None else None
             return await handler(request)
         principal = tokens.authenticate(request.headers.get("Authorization"))
         auth.authorize(principal, request.method, route)
-        request[PRINCIPAL] = principal
+        request[auth.PRINCIPAL] = principal
         return await handler(request)
 
     return check
@@ -99,6 +98,26 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
                                              for q, (ready, later, oldest) in sorted(stats.items())],
                                   "truncated": cut})
 
+    async def audit_log(request: web.Request) -> web.Response:
+        """Newest first; the cursor is the last record's position."""
+        limit = request_mod.query_int(request, "limit", default=100, low=1, high=node.config.limits.page_size_max,
+                                      limit_name="page_size_max")
+        cursor = request.query.get("cursor")
+        try:
+            before = bytes.fromhex(cursor) if cursor else None
+        except ValueError:
+            raise InvalidRequest("cursor must be a value returned as next_cursor") from None
+        records: list[tuple[bytes, dict[str, Any]]] = []
+        for group in node.groups:
+            with node.read(group) as (txn, tables):
+                records.extend(queries.audit_records(txn, tables, limit=limit, before=before))
+        records.sort(key=lambda kr: (kr[1]["at_us"], kr[0]), reverse=True)
+        page = records[:limit]
+        return web.json_response({
+            "records": [{"at": to_iso(r["at_us"]), "who": r["who"], "what": r["what"], "via": r["via"],
+                         "outcome": r["outcome"], "raft_index": r["raft_index"]} for _, r in page],
+            "next_cursor": page[-1][0].hex() if len(records) > limit or len(page) == limit else None})
+
     async def digest(request: web.Request) -> web.Response:
         """A hash of each group's whole replicated state at its last applied index:
         replicas that applied the same entries must report the same digest."""
@@ -124,7 +143,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
         return web.json_response({"ok": True})
 
     app.add_routes([web.get("/v1/cluster", cluster), web.get("/v1/cluster/digest", digest),
-                    web.get("/v1/queues", queues), web.get("/ui", dashboard.page),
+                    web.get("/v1/queues", queues), web.get("/ui", dashboard.page), web.get("/v1/audit", audit_log),
                     web.get("/healthz", healthz), web.get("/readyz", readyz),
                     web.get("/metrics", metrics.handle), web.get("/v1/openapi.json", openapi_json)])
     app.add_routes(routes_jobs.routes(node))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from aiohttp import web
 
 from schedulerd.errors import Forbidden, Unauthorized
 
@@ -49,6 +50,15 @@ class Principal:
 
 
 OPEN = Principal("anonymous (auth off)", frozenset({"admin"}), frozenset({ALL_NAMESPACES}))
+# Who made the request (None on routes that need no token), set by the auth middleware.
+PRINCIPAL = web.RequestKey("principal", object)
+
+
+def audit_note(request: web.Request, what: str, **extra: Any) -> dict[str, Any]:
+    """The `audit` field of a command proposed for this request (storage/audit.py)."""
+    principal = request.get(PRINCIPAL)
+    who = principal.name if isinstance(principal, Principal) else "anonymous"
+    return {"who": who, "what": what, "via": f"{request.method} {request.path}", **extra}
 
 
 def hash_token(token: str) -> str:

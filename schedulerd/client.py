@@ -351,6 +351,10 @@ class Client:
     def cluster(self) -> dict[str, Any]:
         return self._request("GET", "/v1/cluster")
 
+    def audit(self, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        """One page of the audit log, newest first (admin scope): `{"records": [...], "next_cursor"}`."""
+        return self._request("GET", "/v1/audit", query={"limit": limit, "cursor": cursor})
+
     def queues(self) -> dict[str, Any]:
         """Per queue: ready now, waiting for later, the oldest ready run's age (`GET /v1/queues`)."""
         return self._request("GET", "/v1/queues")

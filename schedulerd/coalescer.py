@@ -30,6 +30,7 @@ class Coalescer:
         self._weight = weight
         self._pending: dict[int, list[tuple[list[Any], asyncio.Future[list[Any]]]]] = {}
         self._flushing: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
         self.entries = 0
         self.items = 0
 
@@ -39,7 +40,9 @@ class Coalescer:
         self._pending.setdefault(group.group_id, []).append((items, fut))
         if group.group_id not in self._flushing:
             self._flushing.add(group.group_id)
-            asyncio.create_task(self._flush(group))
+            task = asyncio.create_task(self._flush(group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return await fut
 
     async def _flush(self, group: Group) -> None:

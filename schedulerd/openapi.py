@@ -199,6 +199,12 @@ def operations() -> dict[str, dict[str, Any]]:
                     "responses": _ok("Queues.", _obj(queues={"type": "array", "items": _obj(
                         queue=_STR, ready=_INT, waiting=_INT, oldest_ready_age_s={"type": "number"})},
                         truncated={"type": "boolean"}))}},
+        "/v1/audit": {
+            "get": {"summary": "Who changed what, when (admin scope); newest first", "tags": ["operations"],
+                    "parameters": [LIMIT, CURSOR],
+                    "responses": _ok("Audit records.", _obj(records={"type": "array", "items": _obj(
+                        at=_TIME, who=_STR, what=_STR, via=_STR, outcome=_STR, raft_index=_INT)},
+                        next_cursor=_STR))}},
         "/ui": {
             "get": {"summary": "The web dashboard (HTML)", "tags": ["operations"],
                     "responses": {"200": {"description": "HTML page."}}}},

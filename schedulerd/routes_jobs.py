@@ -7,6 +7,7 @@ from aiohttp import web
 
 from schedulerd import jobspec, request as req, views
 from schedulerd.coalescer import Coalescer
+from schedulerd.auth import audit_note
 from schedulerd.errors import InvalidRequest, NotFound, SchedulerError, from_wire
 from schedulerd.node import Node
 from storage import queries
@@ -27,6 +28,7 @@ def routes(node: Node) -> list[web.RouteDef]:
     async def create(request: web.Request) -> web.Response:
         now = node.clock.now_us()
         spec = jobspec.parse_job(await req.body(request), now, limits, request.headers.get("Idempotency-Key"))
+        spec["audit"] = audit_note(request, f"create job {spec['job_id']}")
         (result,) = await _create(node, creates, [spec])
         if not result["ok"]:
             raise from_wire(result["code"], result["message"])
@@ -43,13 +45,15 @@ def routes(node: Node) -> list[web.RouteDef]:
             raise InvalidRequest("nothing to update: send at least one field")
         current = _job_record(node, job_id)
         changes = jobspec.parse_options(raw, node.clock.now_us(), limits, backoff_base=current["backoff"])
-        await _job_command(node, Op.UPDATE_JOB, job_id, {"changes": changes})
+        await _job_command(node, Op.UPDATE_JOB, job_id, {
+            "changes": changes, "audit": audit_note(request, f"update job {job_id}: {', '.join(sorted(raw))}")})
         return web.json_response(_job_view(node, job_id))
 
     def lifecycle(op: Op) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             job_id = request.match_info["job_id"]
-            result = await _job_command(node, op, job_id, {})
+            verb = {Op.PAUSE_JOB: "pause", Op.RESUME_JOB: "resume", Op.TRIGGER_JOB: "trigger"}[op]
+            result = await _job_command(node, op, job_id, {"audit": audit_note(request, f"{verb} job {job_id}")})
             if op == Op.TRIGGER_JOB:
                 return web.json_response({"run": views.run(result["run"])}, status=201)
             return web.json_response(_job_view(node, job_id))
@@ -82,7 +86,8 @@ def routes(node: Node) -> list[web.RouteDef]:
         group = node.group_of_run(run_id)
         if group is None:
             raise NotFound(f"no run {run_id!r}")
-        result = await node.propose(group, Op.REDRIVE_RUN, {"run_id": run_id})
+        result = await node.propose(group, Op.REDRIVE_RUN, {
+            "run_id": run_id, "audit": audit_note(request, f"re-drive run {run_id}")})
         if not result["ok"]:
             raise from_wire(result["code"], result["message"])
         return web.json_response({"run": views.run(result["run"])})
@@ -99,6 +104,9 @@ def routes(node: Node) -> list[web.RouteDef]:
                 # The whole batch is refused; say which job, so a file import can point at it.
                 named = f" (job_id {job.get('job_id')!r})" if isinstance(job, dict) and job.get("job_id") else ""
                 raise type(exc)(f"jobs[{position}]{named}: {exc.message}") from None
+        if specs:
+            specs[0]["audit"] = audit_note(request, f"create {len(specs)} jobs ({specs[0]['job_id']}, ...)",
+                                           count=len(specs))
         if len({s["job_id"] for s in specs}) != len(specs):
             raise InvalidRequest("job_id values in one batch must be distinct")
         results = await _create(node, creates, specs)
@@ -133,7 +141,7 @@ def routes(node: Node) -> list[web.RouteDef]:
 
     async def cancel(request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
-        await _job_command(node, Op.CANCEL_JOB, job_id, {})
+        await _job_command(node, Op.CANCEL_JOB, job_id, {"audit": audit_note(request, f"cancel job {job_id}")})
         return web.json_response(_job_view(node, job_id))
 
     async def job_runs(request: web.Request) -> web.Response:

@@ -24,6 +24,7 @@ class AckBatcher:
         self._batch_max = batch_max
         self._pending: dict[str, list[tuple[dict[str, Any], asyncio.Future[None]]]] = {}
         self._sending: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
         self.requests = 0
 
     async def ack(self, server: str, run_id: str, fence: int, result: Any) -> None:
@@ -34,7 +35,9 @@ class AckBatcher:
         self._pending.setdefault(server, []).append((item, fut))
         if server not in self._sending:
             self._sending.add(server)
-            asyncio.create_task(self._send_all(server))
+            task = asyncio.create_task(self._send_all(server))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         await fut
 
     async def _send_all(self, server: str) -> None:
@@ -43,7 +46,11 @@ class AckBatcher:
             await asyncio.sleep(0)  # acks finishing in this loop turn join the first request
             while queue:
                 batch, queue[:] = queue[: self._batch_max], queue[self._batch_max:]
-                await self._send(server, batch)
+                try:
+                    await self._send(server, batch)
+                except Exception as exc:  # whatever went wrong, no ack may wait forever
+                    for _, fut in batch:
+                        _settle(fut, exc)
         finally:
             self._sending.discard(server)
 

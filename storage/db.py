@@ -21,7 +21,7 @@ from storage import keys
 
 SCHEMA_VERSION = 1
 DB_NAMES = ("jobs", "due", "runs", "occurrences", "ready", "leases", "meta", "job_stats", "dead_letters",
-            "idempotency")
+            "idempotency", "audit")
 LAST_APPLIED = b"last_applied"
 SCHEMA = b"schema_version"
 
@@ -38,6 +38,7 @@ class Tables:
     job_stats: object
     dead_letters: object
     idempotency: object
+    audit: object
 
 
 class SchemaMismatch(Exception):

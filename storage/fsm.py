@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import lmdb
 
-from storage import claims, jobs, leases, ops
+from storage import audit, claims, jobs, leases, ops
 from storage.db import Store, last_applied, set_last_applied
 from storage.ops import Op
 from storage.records import Ctx
@@ -57,7 +57,9 @@ def apply(store: Store, index: int, blob: bytes) -> tuple[Op | None, dict[str, A
         txn = store.apply_txn()
         if index <= last_applied(txn, store.tables):
             return None, ALREADY_APPLIED
-        result = HANDLERS[op](Ctx(txn, store.tables, store.group, index), payload)
+        ctx = Ctx(txn, store.tables, store.group, index)
+        result = HANDLERS[op](ctx, payload)
+        audit.record_command(ctx, op, payload, result)
         set_last_applied(txn, store.tables, index)
         log.debug("applied op=%s raft_index=%d", op.name, index)
         return op, result

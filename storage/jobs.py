@@ -38,7 +38,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         if records.get_job(ctx, job_id) is not None:
             results.append({"job_id": job_id, **_fail("conflict", f"job {job_id!r} already exists")})
             continue
-        job = {k: v for k, v in spec.items() if k != "request_hash"}
+        job = {k: v for k, v in spec.items() if k not in ("request_hash", "audit")}
         job["schedule"] = _anchored(spec["schedule"], now)
         job.update(state=JobState.SCHEDULED.value, shard=keys.shard_of(job_id),
                    next_fire_us=cron.first_fire(job["schedule"], now),

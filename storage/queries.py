@@ -207,3 +207,16 @@ def state_digest(txn: lmdb.Transaction, t: Tables) -> str:
             for key, value in cur:
                 h.update(name.encode() + len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
     return h.hexdigest()
+
+
+def audit_records(txn: lmdb.Transaction, t: Tables, *, limit: int, before: bytes | None) -> list[tuple[bytes, Record]]:
+    """Newest first: (key, record) of up to `limit` audit records with keys below `before`."""
+    out: list[tuple[bytes, Record]] = []
+    with txn.cursor(db=t.audit) as cur:
+        found = cur.set_range(before) if before else cur.last()
+        if before:
+            found = cur.prev() if found else cur.last()
+        while found and len(out) < limit:
+            out.append((bytes(cur.key()), unpack(cur.value())))
+            found = cur.prev()
+    return out

@@ -27,6 +27,7 @@ class Ctx:
     group: int
     index: int
     runs_made: int = 0
+    audits_made: int = 0
 
     def new_run_id(self) -> str:
         """`{group}-{raft index}-{n}`: unique, and the same on every replica."""

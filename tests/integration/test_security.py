@@ -87,6 +87,15 @@ def test_scopes_decide_what_each_token_may_call(make_cluster, tmp_path: pathlib.
                          capture_output=True, text=True)
     assert out.returncode == 1 and out.stderr.startswith("error: forbidden: ")
 
+    # The audit log names who did what; only admin reads it.
+    assert http("GET", f"{url}/v1/audit", token=sched)[0] == 403
+    status, body = http("GET", f"{url}/v1/audit", token=admin)
+    assert status == 200
+    assert [(r["who"], r["what"], r["outcome"]) for r in body["records"]][:1] == [("deployer", "create job j", "ok")]
+    out = subprocess.run([sys.executable, "-m", "cli.main", "--server", url, "--token", admin, "audit"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "deployer" in out.stdout and "create job j" in out.stdout
+
     # SIGHUP reloads the file: a new token works at once; a broken file keeps the old ones.
     late = token(tokens_file, "late", "read")
     assert http("GET", f"{url}/v1/jobs", token=late)[0] == 401
