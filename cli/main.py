@@ -34,6 +34,8 @@ CONFIG_PATH = "~/.config/schedctl/config.yaml"
               metavar="URL[,URL...]", help="Server base URLs, tried in turn (env SCHEDCTL_SERVER).")
 @click.option("--token", envvar="SCHEDCTL_TOKEN", metavar="TOKEN",
               help="API bearer token (env SCHEDCTL_TOKEN, or `token:` in the config file).")
+@click.option("--namespace", "-n", envvar="SCHEDCTL_NAMESPACE", metavar="NAME",
+              help="Namespace of the jobs, runs and queues [default] (env SCHEDCTL_NAMESPACE).")
 @click.option("--ca-file", envvar="SCHEDCTL_CA_FILE", type=click.Path(exists=True, dir_okay=False),
               help="Verify https servers against this CA bundle (env SCHEDCTL_CA_FILE).")
 @click.option("--config", "config_path", envvar="SCHEDCTL_CONFIG", default=CONFIG_PATH, show_default=True,
@@ -43,8 +45,8 @@ CONFIG_PATH = "~/.config/schedctl/config.yaml"
               show_default=True, metavar="SECONDS",
               help="Overall time per command, failover and retries included.")
 @click.pass_context
-def schedctl(ctx: click.Context, server: str, token: str | None, ca_file: str | None, config_path: str,
-             as_json: bool, timeout: float) -> None:
+def schedctl(ctx: click.Context, server: str, token: str | None, namespace: str | None, ca_file: str | None,
+             config_path: str, as_json: bool, timeout: float) -> None:
     """Schedule jobs on a schedulerd cluster and look at them.
 
     \b
@@ -57,10 +59,10 @@ def schedctl(ctx: click.Context, server: str, token: str | None, ca_file: str | 
     token = token if token is not None else config.get("token")
     ca_file = ca_file if ca_file is not None else config.get("ca_file")
     try:
-        client = Client(server, timeout_s=timeout, token=token, ca_file=ca_file)
+        client = Client(server, timeout_s=timeout, token=token, ca_file=ca_file, namespace=namespace)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--server'") from None
-    ctx.obj = Session(client, as_json, _server_urls(server), token, ca_file)
+    ctx.obj = Session(client, as_json, _server_urls(server), token, ca_file, namespace)
 
 
 def _config(path: str) -> dict[str, Any]:

@@ -65,6 +65,7 @@ class Session:
     servers: tuple[str, ...]  # base URLs as given to --server, with a scheme
     token: str | None = None  # for the workers schedctl runs
     ca_file: str | None = None
+    namespace: str | None = None
 
     def show(self, document: Any, human: Callable[[Any], str]) -> None:
         click.echo(json.dumps(document, indent=2) if self.as_json else human(document))

@@ -133,7 +133,7 @@ def worker() -> None:
 def _start(session: Session, worker_id: str | None, concurrency: int) -> Worker:
     try:
         return Worker(list(session.servers), worker_id=worker_id, concurrency=concurrency, token=session.token,
-                      ca_file=session.ca_file)
+                      ca_file=session.ca_file, namespace=session.namespace)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 

@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd import auth, dashboard, openapi, routes_jobs, routes_preview, routes_tasks
+from schedulerd import auth, dashboard, namespaces, openapi, routes_jobs, routes_preview, routes_tasks
 from schedulerd import request as request_mod
 from schedulerd.auth import TokenFile
 from schedulerd.errors import InvalidRequest, SchedulerError, Unavailable, status_of
@@ -93,10 +93,15 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
         for group in node.groups:
             with node.read(group) as (txn, tables):
                 cut |= queries.queue_stats(txn, tables, now, node.config.limits.metrics_scan_max, stats)
-        return web.json_response({"queues": [{"queue": q, "ready": ready, "waiting": later,
-                                              "oldest_ready_age_s": (now - oldest) / 1_000_000}
-                                             for q, (ready, later, oldest) in sorted(stats.items())],
-                                  "truncated": cut})
+        principal = request.get(auth.PRINCIPAL)
+        shown = []
+        for stored, (ready, later, oldest) in sorted(stats.items()):
+            namespace, queue = namespaces.split(stored)
+            if isinstance(principal, auth.Principal) and not principal.may_use(namespace):
+                continue
+            shown.append({"queue": queue, "namespace": namespace, "ready": ready, "waiting": later,
+                          "oldest_ready_age_s": (now - oldest) / 1_000_000})
+        return web.json_response({"queues": shown, "truncated": cut})
 
     async def audit_log(request: web.Request) -> web.Response:
         """Newest first; the cursor is the last record's position."""

@@ -169,12 +169,14 @@ class Client:
         timeout_s: float = 10.0,
         token: str | None = None,
         ca_file: str | None = None,
+        namespace: str | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self._servers = _parse_servers(servers)
         self.timeout_s = timeout_s
         self._token = token
+        self._namespace = namespace  # sent as X-Namespace: jobs, runs and queues live in one
         # https servers are verified against the system CAs, or against ca_file's.
         self._tls = ssl.create_default_context(cafile=ca_file)
         self._preferred = 0  # index of the last server that answered
@@ -500,6 +502,8 @@ class Client:
             headers["Content-Type"] = "application/json"
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
+        if self._namespace is not None:
+            headers["X-Namespace"] = self._namespace
         return headers
 
 

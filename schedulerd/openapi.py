@@ -222,7 +222,16 @@ def operations() -> dict[str, dict[str, Any]]:
 
 
 def document(version: str) -> dict[str, Any]:
+    paths = operations()
+    namespace = _param("X-Namespace", "header", {"type": "string", "default": "default"},
+                       "Namespace of the jobs, runs and queues the call is about.")
+    for path, ops in paths.items():
+        if path.startswith(("/v1/jobs", "/v1/runs", "/v1/tasks", "/v1/dead-letter")):
+            for op in ops.values():
+                op["parameters"] = [*op.get("parameters", []), namespace]
     return {"openapi": "3.1.0",
             "info": {"title": "schedulerd", "version": version,
                      "description": "Distributed job scheduler: jobs, runs, workers (long-poll leasing), operations."},
-            "paths": operations()}
+            "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+            "security": [{"bearer": []}],
+            "paths": paths}

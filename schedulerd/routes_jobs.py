@@ -7,6 +7,8 @@ from aiohttp import web
 
 from schedulerd import jobspec, request as req, views
 from schedulerd.coalescer import Coalescer
+from raft.group import Group
+from schedulerd import namespaces
 from schedulerd.auth import audit_note
 from schedulerd.errors import InvalidRequest, NotFound, SchedulerError, from_wire
 from schedulerd.node import Node
@@ -27,7 +29,8 @@ def routes(node: Node) -> list[web.RouteDef]:
 
     async def create(request: web.Request) -> web.Response:
         now = node.clock.now_us()
-        spec = jobspec.parse_job(await req.body(request), now, limits, request.headers.get("Idempotency-Key"))
+        spec = _in_namespace(request, jobspec.parse_job(await req.body(request), now, limits,
+                                                       request.headers.get("Idempotency-Key")))
         spec["audit"] = audit_note(request, f"create job {spec['job_id']}")
         (result,) = await _create(node, creates, [spec])
         if not result["ok"]:
@@ -35,7 +38,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         return web.json_response(_job_view(node, result["job_id"]), status=200 if result.get("existing") else 201)
 
     async def update(request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
+        job_id = _job_id(request)
         raw = await req.body(request)
         unknown = sorted(raw.keys() - jobspec.OPTION_FIELDS)
         if unknown:
@@ -45,13 +48,15 @@ def routes(node: Node) -> list[web.RouteDef]:
             raise InvalidRequest("nothing to update: send at least one field")
         current = _job_record(node, job_id)
         changes = jobspec.parse_options(raw, node.clock.now_us(), limits, backoff_base=current["backoff"])
+        if "queue" in changes:
+            changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
         await _job_command(node, Op.UPDATE_JOB, job_id, {
             "changes": changes, "audit": audit_note(request, f"update job {job_id}: {', '.join(sorted(raw))}")})
         return web.json_response(_job_view(node, job_id))
 
     def lifecycle(op: Op) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
-            job_id = request.match_info["job_id"]
+            job_id = _job_id(request)
             verb = {Op.PAUSE_JOB: "pause", Op.RESUME_JOB: "resume", Op.TRIGGER_JOB: "trigger"}[op]
             result = await _job_command(node, op, job_id, {"audit": audit_note(request, f"{verb} job {job_id}")})
             if op == Op.TRIGGER_JOB:
@@ -67,8 +72,9 @@ def routes(node: Node) -> list[web.RouteDef]:
         stops: list[tuple[int, str]] = []
         for group in node.groups:
             with node.read(group) as (txn, tables):
-                page, stop = queries.dead_letters(txn, tables, queue=request.query.get("queue"), limit=limit,
+                page, stop = queries.dead_letters(txn, tables, queue=_queue_filter(request), limit=limit,
                                                   after=after, scan_max=limits.list_scan_max)
+            page = [r for r in page if namespaces.visible(request, r["job_id"])]
             runs.extend(page)
             if stop is not None:
                 stops.append(stop)
@@ -83,9 +89,7 @@ def routes(node: Node) -> list[web.RouteDef]:
 
     async def redrive(request: web.Request) -> web.Response:
         run_id = request.match_info["run_id"]
-        group = node.group_of_run(run_id)
-        if group is None:
-            raise NotFound(f"no run {run_id!r}")
+        group = _visible_run(node, request, run_id)[0]
         result = await node.propose(group, Op.REDRIVE_RUN, {
             "run_id": run_id, "audit": audit_note(request, f"re-drive run {run_id}")})
         if not result["ok"]:
@@ -99,7 +103,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         specs = []
         for position, job in enumerate(raw):
             try:
-                specs.append(jobspec.parse_job(job, now, limits))
+                specs.append(_in_namespace(request, jobspec.parse_job(job, now, limits)))
             except SchedulerError as exc:
                 # The whole batch is refused; say which job, so a file import can point at it.
                 named = f" (job_id {job.get('job_id')!r})" if isinstance(job, dict) and job.get("job_id") else ""
@@ -110,13 +114,15 @@ def routes(node: Node) -> list[web.RouteDef]:
         if len({s["job_id"] for s in specs}) != len(specs):
             raise InvalidRequest("job_id values in one batch must be distinct")
         results = await _create(node, creates, specs)
-        out = [{"job_id": r["job_id"], "ok": True, "job": _job_view(node, r["job_id"])} if r["ok"]
-               else {"job_id": r["job_id"], "ok": False, "error": {"code": r["code"], "message": r["message"]}}
+        out = [{"job_id": namespaces.split(r["job_id"])[1], "ok": True, "job": _job_view(node, r["job_id"])}
+               if r["ok"] else
+               {"job_id": namespaces.split(r["job_id"])[1], "ok": False,
+                "error": {"code": r["code"], "message": r["message"]}}
                for r in results]
         return web.json_response({"results": out}, status=200)
 
     async def get(request: web.Request) -> web.Response:
-        return web.json_response(_job_view(node, request.match_info["job_id"]))
+        return web.json_response(_job_view(node, _job_id(request)))
 
     async def list_jobs(request: web.Request) -> web.Response:
         state = request.query.get("state")
@@ -127,10 +133,15 @@ def routes(node: Node) -> list[web.RouteDef]:
         jobs: list[dict[str, Any]] = []
         cursors: list[str | None] = []
         after = request.query.get("cursor") or None
+        namespace = namespaces.of_request(request)
+        # The default namespace is the bare ids; another is the ids under its prefix.
+        prefix = "" if namespace == namespaces.DEFAULT else namespaces.inside(namespace, "")
+        bare_only = namespace == namespaces.DEFAULT
         for group in node.groups:
             with node.read(group) as (txn, tables):
-                page, cursor = queries.list_jobs(txn, tables, state=state, queue=request.query.get("queue"),
-                                                 limit=limit, after=after, scan_max=limits.list_scan_max)
+                page, cursor = queries.list_jobs(txn, tables, state=state, queue=_queue_filter(request),
+                                                 limit=limit, after=after, scan_max=limits.list_scan_max,
+                                                 prefix=prefix, bare_only=bare_only)
             jobs.extend(page)
             cursors.append(cursor)
         jobs.sort(key=lambda j: j["job_id"])
@@ -140,12 +151,12 @@ def routes(node: Node) -> list[web.RouteDef]:
         return web.json_response({"jobs": [views.job(j) for j in jobs], "next_cursor": next_cursor})
 
     async def cancel(request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
+        job_id = _job_id(request)
         await _job_command(node, Op.CANCEL_JOB, job_id, {"audit": audit_note(request, f"cancel job {job_id}")})
         return web.json_response(_job_view(node, job_id))
 
     async def job_runs(request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
+        job_id = _job_id(request)
         limit = req.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                               limit_name="page_size_max")
         cursor = request.query.get("cursor")
@@ -161,15 +172,7 @@ def routes(node: Node) -> list[web.RouteDef]:
                                   "next_cursor": str(nxt) if nxt is not None else None})
 
     async def get_run(request: web.Request) -> web.Response:
-        run_id = request.match_info["run_id"]
-        group = node.group_of_run(run_id)
-        rec = None
-        if group is not None:
-            with node.read(group) as (txn, tables):
-                rec = queries.get_run(txn, tables, run_id)
-        if rec is None:
-            raise NotFound(f"no run {run_id!r}")
-        return web.json_response(views.run(rec))
+        return web.json_response(views.run(_visible_run(node, request, request.match_info["run_id"])[1]))
 
     return [
         web.post("/v1/jobs", create),
@@ -186,6 +189,37 @@ def routes(node: Node) -> list[web.RouteDef]:
         web.get("/v1/jobs/{job_id}/runs", job_runs),
         web.get("/v1/runs/{run_id}", get_run),
     ]
+
+
+def _job_id(request: web.Request) -> str:
+    """The stored id of the job the path names, in the request's namespace."""
+    return namespaces.inside(namespaces.of_request(request), request.match_info["job_id"])
+
+
+def _queue_filter(request: web.Request) -> str | None:
+    queue = request.query.get("queue")
+    return None if queue is None else namespaces.inside(namespaces.of_request(request), queue)
+
+
+def _in_namespace(request: web.Request, spec: dict[str, Any]) -> dict[str, Any]:
+    """A parsed job spec with its id, queue and idempotency key in the request's namespace."""
+    namespace = namespaces.of_request(request)
+    spec.update(job_id=namespaces.inside(namespace, spec["job_id"]), queue=namespaces.inside(namespace, spec["queue"]))
+    if "idempotency_key" in spec:
+        spec["idempotency_key"] = namespaces.inside(namespace, spec["idempotency_key"])
+    return spec
+
+
+def _visible_run(node: Node, request: web.Request, run_id: str) -> tuple[Group, dict[str, Any]]:
+    """The run's group and record, if it exists in the request's namespace (404 otherwise)."""
+    group = node.group_of_run(run_id)
+    rec = None
+    if group is not None:
+        with node.read(group) as (txn, tables):
+            rec = queries.get_run(txn, tables, run_id)
+    if group is None or rec is None or not namespaces.visible(request, rec["job_id"]):
+        raise NotFound(f"no run {run_id!r}")
+    return group, rec
 
 
 async def _create(node: Node, creates: Coalescer, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:

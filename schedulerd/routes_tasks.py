@@ -6,15 +6,18 @@ from typing import Any
 from aiohttp import web
 
 from raft.group import Group
-from schedulerd import request as req, views
+from schedulerd import auth, namespaces, request as req, views
 from schedulerd.errors import InvalidRequest, NotFound, from_wire
 from schedulerd.coalescer import Coalescer
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.node import Node
 from schedulerd.timefmt import to_iso
+from storage import queries
 from storage.ops import Op
 
 US = 1_000_000
+# Appended to a run id outside the caller's namespace: no stored run has it, so apply answers not_found.
+HIDDEN = "~"
 
 
 def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
@@ -31,13 +34,15 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
                                 limit_name="lease_batch_max")
         wait_s = req.number(data, "wait_s", low=0, high=limits.long_poll_s_max, default=0,
                             limit_name="long_poll_s_max")
-        tasks = await leases.poll(worker_id, list(dict.fromkeys(queues)), max_tasks, wait_s)
+        namespace = namespaces.of_request(request)
+        tasks = await leases.poll(worker_id, [namespaces.inside(namespace, q) for q in dict.fromkeys(queues)],
+                                  max_tasks, wait_s)
         return web.json_response({"tasks": tasks})
 
     async def heartbeat_one(request: web.Request) -> web.Response:
         data = await req.body(request)
         result = (await _heartbeat(node, commits, req.string(data, "worker_id", max_len=128),
-                                   [(request.match_info["run_id"], req.fence(data))]))[0]
+                                   _mine(node, request, [(request.match_info["run_id"], req.fence(data))])))[0]
         if not result["ok"]:
             raise from_wire(result["error"]["code"], result["error"]["message"])
         return web.json_response({"lease_until": result["lease_until"]})
@@ -47,12 +52,14 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         worker_id = req.string(data, "worker_id", max_len=128)
         raw = req.items(data, "leases", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
         pairs = [(req.string(item, "run_id"), req.fence(item)) for item in _objects(raw, "leases")]
-        return web.json_response({"results": await _heartbeat(node, commits, worker_id, pairs)})
+        return web.json_response({"results": await _heartbeat(node, commits, worker_id,
+                                                              _mine(node, request, pairs))})
 
     async def ack_one(request: web.Request) -> web.Response:
         data = await req.body(request)
         item = (request.match_info["run_id"], req.fence(data), req.result_json(data, limits.result_bytes_max))
-        result = (await _ack(node, commits, req.string(data, "worker_id", max_len=128), [item]))[0]
+        result = (await _ack(node, commits, req.string(data, "worker_id", max_len=128),
+                             _mine(node, request, [item])))[0]
         if not result["ok"]:
             raise from_wire(result["error"]["code"], result["error"]["message"])
         return web.json_response({"run": result["run"]})
@@ -63,12 +70,12 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         raw = req.items(data, "acks", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
         acks = [(req.string(item, "run_id"), req.fence(item), req.result_json(item, limits.result_bytes_max))
                 for item in _objects(raw, "acks")]
-        results = await _ack(node, commits, worker_id, acks)
+        results = await _ack(node, commits, worker_id, _mine(node, request, acks))
         return web.json_response({"results": [{k: v for k, v in r.items() if k != "run"} for r in results]})
 
     async def nack(request: web.Request) -> web.Response:
         data = await req.body(request)
-        run_id = request.match_info["run_id"]
+        run_id = _mine(node, request, [(request.match_info["run_id"],)])[0][0]
         error = data.get("error", "")
         if not isinstance(error, str):
             raise InvalidRequest("error must be a string")
@@ -101,6 +108,26 @@ def _group(node: Node, run_id: str) -> Group:
     if group is None:
         raise NotFound(f"no run {run_id!r}")
     return group
+
+
+def _mine(node: Node, request: web.Request, items: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The items (run id first) with the run id of any run outside the request's namespace
+    replaced by one that does not exist: the caller hears not_found, as for a wrong guess.
+    A token for every namespace skips the reads: it could act in any of them anyway."""
+    principal = request.get(auth.PRINCIPAL)
+    if not isinstance(principal, auth.Principal) or auth.ALL_NAMESPACES in principal.namespaces:
+        return items
+    out = []
+    for item in items:
+        group = node.group_of_run(item[0])
+        rec = None
+        if group is not None:
+            with node.read(group) as (txn, tables):
+                rec = queries.get_run(txn, tables, item[0])
+        if rec is not None and not namespaces.visible(request, rec["job_id"]):
+            item = (f"{item[0]}{HIDDEN}", *item[1:])
+        out.append(item)
+    return out
 
 
 def _by_group(node: Node, items: list[tuple[Any, ...]]) -> dict[int, list[int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from schedulerd.namespaces import outward
 from schedulerd.timefmt import to_iso
 
 US = 1_000_000
@@ -17,7 +18,7 @@ def _seconds(us: int | None) -> float | int | None:
 
 
 def job(rec: dict[str, Any]) -> dict[str, Any]:
-    return {
+    return outward({
         "job_id": rec["job_id"],
         "state": rec["state"],
         "schedule": rec["schedule_spec"],
@@ -38,11 +39,11 @@ def job(rec: dict[str, Any]) -> dict[str, Any]:
         "next_fire_time": to_iso(rec["next_fire_us"]),
         "created_at": to_iso(rec["created_us"]),
         "updated_at": to_iso(rec["updated_us"]),
-    }
+    })
 
 
 def run(rec: dict[str, Any]) -> dict[str, Any]:
-    return {
+    return outward({
         "run_id": rec["run_id"],
         "job_id": rec["job_id"],
         "scheduled_time": to_iso(rec["scheduled_us"]),
@@ -63,7 +64,7 @@ def run(rec: dict[str, Any]) -> dict[str, Any]:
         "trigger": rec.get("trigger", False),
         **({"skipped_count": rec["skipped_count"], "skipped_until": to_iso(rec["skipped_until_us"])}
            if "skipped_until_us" in rec else {}),
-    }
+    })
 
 
 def idempotency_key(job_id: str, scheduled_us: int) -> str:
@@ -71,7 +72,7 @@ def idempotency_key(job_id: str, scheduled_us: int) -> str:
 
 
 def task(rec: dict[str, Any]) -> dict[str, Any]:
-    return {
+    return outward({
         "run_id": rec["run_id"],
         "job_id": rec["job_id"],
         "queue": rec["queue"],
@@ -83,4 +84,4 @@ def task(rec: dict[str, Any]) -> dict[str, Any]:
         "payload": json.loads(rec["payload_json"]),
         "target": rec.get("target"),
         "timeout_s": _seconds(rec.get("timeout_us")),
-    }
+    })

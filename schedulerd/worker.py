@@ -96,7 +96,7 @@ class _Lease:
 class Worker:
     def __init__(self, servers: Sequence[str], worker_id: str | None = None, concurrency: int = 4,
                  wait_s: float = 20.0, heartbeat_interval_s: float | None = None,
-                 token: str | None = None, ca_file: str | None = None) -> None:
+                 token: str | None = None, ca_file: str | None = None, namespace: str | None = None) -> None:
         if isinstance(servers, str) or not servers:
             raise ValueError("servers: give a non-empty list of base URLs")
         if concurrency < 1:
@@ -113,6 +113,7 @@ class Worker:
         self.stats = WorkerStats()
         self._token = token
         self._ca_file = ca_file  # https servers: verify against these CAs instead of the system's
+        self._namespace = namespace  # the queues' namespace (X-Namespace), default: "default"
         self._handlers: dict[str, Handler] = {}
         # Split the slots between the servers so one idle node's long-poll cannot hold
         # them all while another node has work; a loop whose poll returns re-reserves.
@@ -166,7 +167,9 @@ class Worker:
         self._leases_changed = asyncio.Event()
         self._slots = asyncio.Semaphore(self.concurrency)
         self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="schedulerd-task")
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        if self._namespace:
+            headers["X-Namespace"] = self._namespace
         tls = ssl.create_default_context(cafile=self._ca_file)
         self._session = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(ssl=tls))
         with self._lock:

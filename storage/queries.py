@@ -24,17 +24,26 @@ def get_run(txn: lmdb.Transaction, t: Tables, run_id: str) -> Record | None:
 
 
 def list_jobs(txn: lmdb.Transaction, t: Tables, *, state: str | None, queue: str | None, limit: int,
-              after: str | None, scan_max: int) -> tuple[list[Record], str | None]:
+              after: str | None, scan_max: int, prefix: str = "", bare_only: bool = False
+              ) -> tuple[list[Record], str | None]:
     """Jobs in id order after the cursor id, filtered; at most scan_max records are read,
-    so a rare filter returns a short page with a cursor instead of scanning everything."""
+    so a rare filter returns a short page with a cursor instead of scanning everything.
+    Only ids starting with `prefix`; with bare_only, only ids without a '/'."""
     out: list[Record] = []
     scanned = 0
+    start = max(keys.job_key(after) + b"\x00" if after else b"", keys.job_key(prefix))
     with txn.cursor(db=t.jobs) as cur:
-        found = cur.set_range(keys.job_key(after) + b"\x00") if after else cur.first()
+        found = cur.set_range(start) if start else cur.first()
         if not found:
             return out, None
         for key, raw in cur:
+            if not key.startswith(keys.job_key(prefix)):
+                break
             scanned += 1
+            if bare_only and b"/" in key:
+                if scanned >= scan_max:
+                    return out, key.decode()
+                continue
             job = unpack(raw)
             if (state is None or job["state"] == state) and (queue is None or job["queue"] == queue):
                 out.append(job)

@@ -91,10 +91,11 @@ def _refused(url: str) -> bool:
 
 
 def test_raft_stays_on_loopback_unless_named(tmp_path) -> None:
-    """pysyncobj speaks pickle: even with the API on all interfaces, Raft binds loopback by default."""
+    """pysyncobj speaks pickle: even with the API on all interfaces (--insecure: no tokens here),
+    Raft binds loopback by default."""
     (port,) = free_ports(1)
     proc = subprocess.Popen([sys.executable, "-m", "schedulerd.main", "--data-dir", str(tmp_path / "d"),
-                             "--http", f"0.0.0.0:{port}"], cwd=ROOT,
+                             "--http", f"0.0.0.0:{port}", "--insecure"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"

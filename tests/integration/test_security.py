@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 import pytest
 
 from schedulerd.client import Client
-from schedulerd.errors import Forbidden, Unauthorized
-from schedulerd.worker import Worker
+from schedulerd.errors import Forbidden, NotFound, Unauthorized
+from schedulerd.worker import Task, Worker
 from tests.integration.harness import NodeProc, free_ports, http, wait_until
 
 pytestmark = pytest.mark.integration
@@ -33,9 +33,10 @@ def status_of(url: str, bearer: str | None = None) -> int:
         return exc.code
 
 
-def token(tokens_file: pathlib.Path, name: str, *scopes: str) -> str:
+def token(tokens_file: pathlib.Path, name: str, *scopes: str, namespace: str | None = None) -> str:
     args = [sys.executable, "-m", "schedulerd.main", "token", "create", "--tokens-file", str(tokens_file),
-            "--name", name, *[a for s in scopes for a in ("--scope", s)]]
+            "--name", name, *[a for s in scopes for a in ("--scope", s)],
+            *(["--namespace", namespace] if namespace else [])]
     return subprocess.run(args, capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -166,3 +167,45 @@ def test_a_node_with_the_wrong_secret_cannot_join_or_disturb(make_cluster, tmp_p
         assert impostor.get("/v1/jobs/still-writable")[0] == 404
     finally:
         impostor.stop()
+
+
+def test_a_token_limited_to_a_namespace_sees_nothing_else(make_cluster, tmp_path: pathlib.Path) -> None:
+    tokens_file = tmp_path / "tokens.yaml"
+    admin = token(tokens_file, "ops", "admin")
+    team = token(tokens_file, "payments-deployer", "scheduler", namespace="payments")
+    team_worker = token(tokens_file, "payments-worker", "worker", namespace="payments")
+    url = make_cluster(1, ["--tokens-file", str(tokens_file)], token=admin).nodes[0].url
+    now = datetime.now(timezone.utc).isoformat()
+    job = {"job_id": "nightly", "schedule": {"at": now}, "queue": "q"}
+    assert http("POST", f"{url}/v1/jobs", job, token=admin)[0] == 201  # the default namespace's
+    ours = Client(url, token=team, namespace="payments")
+    created = ours.create_job(dict(job, payload={"team": "payments"}))  # same id, other namespace
+    assert created["namespace"] == "payments" and created["job_id"] == "nightly" and created["queue"] == "q"
+
+    assert ours.get_job("nightly")["payload"] == {"team": "payments"}
+    assert [j["job_id"] for j in ours.list_jobs()["jobs"]] == ["nightly"]
+    theirs = Client(url, token=team)  # the default namespace: not this token's
+    for call in (lambda: theirs.get_job("nightly"), lambda: theirs.list_jobs(), lambda: theirs.cancel_job("nightly")):
+        with pytest.raises(NotFound):
+            call()
+    admin_default = Client(url, token=admin)
+    assert admin_default.get_job("nightly")["payload"] is None, "the default namespace's job is untouched"
+
+    status, body = http("POST", f"{url}/v1/tasks/poll", {"worker_id": "w", "queues": ["q"], "wait_s": 5},
+                        token=team_worker)
+    assert status == 404, "the worker token's namespace is not the default one"
+    worker = Worker([url], wait_s=1, token=team_worker, namespace="payments")
+    seen: list[Task] = []
+    worker.handler("q")(lambda task: seen.append(task))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: worker.stats.acked == 1, 15, "the payments task")
+    finally:
+        worker.stop()
+        thread.join(15)
+    assert [t.payload for t in seen] == [{"team": "payments"}] and seen[0].queue == "q"
+    default_run = admin_default.job_runs("nightly")["runs"][0]
+    assert default_run["state"] == "queued", "the default namespace's run was not handed to payments"
+    with pytest.raises(NotFound):
+        ours.get_run(default_run["run_id"])  # guessing a run id of another namespace: 404
