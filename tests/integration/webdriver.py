@@ -67,10 +67,18 @@ class Browser:
         """Run `script` (a function body) in the page; its return value comes back as JSON."""
         return self._session("POST", "/execute/sync", {"script": script, "args": list(args)})
 
-    def click(self, css: str) -> None:
-        """A real click (pointer events) on the first element matching css."""
-        element = self._session("POST", "/element", {"using": "css selector", "value": css})
-        self._session("POST", f"/element/{element[ELEMENT]}/click", {})
+    def click(self, css: str, attempts: int = 5) -> None:
+        """A real click (pointer events) on the first element matching css. A page that
+        re-renders (the dashboard does every 2 s) can replace the element between finding
+        and clicking it: find it again."""
+        for attempt in range(attempts):
+            element = self._session("POST", "/element", {"using": "css selector", "value": css})
+            try:
+                self._session("POST", f"/element/{element[ELEMENT]}/click", {})
+                return
+            except RuntimeError as exc:
+                if "stale element reference" not in str(exc) or attempt == attempts - 1:
+                    raise
 
     def screenshot(self, path: str) -> None:
         with open(path, "wb") as f:
