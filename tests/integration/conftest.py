@@ -12,10 +12,10 @@ from tests.integration.harness import Cluster
 def make_cluster(tmp_path: pathlib.Path) -> Iterator:
     clusters: list[Cluster] = []
 
-    def make(n: int, extra_args: list[str] | None = None, token: str | None = None) -> Cluster:
+    def make(n: int, extra_args: list[str] | None = None, token: str | None = None, ready: bool = True) -> Cluster:
         cluster = Cluster.create(str(tmp_path), n, extra_args, token)
         clusters.append(cluster)
-        cluster.start()
+        cluster.start(wait=ready)
         return cluster
 
     yield make

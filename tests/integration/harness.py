@@ -120,10 +120,10 @@ class Cluster:
     def urls(self) -> list[str]:
         return [n.url for n in self.nodes]
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         for node in self.nodes:
             node.start()
-        for node in self.nodes:
+        for node in self.nodes if wait else []:
             self.wait_ready(node)
 
     def wait_ready(self, node: NodeProc, timeout_s: float = 30) -> None:
