@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from schedulerd.worker import Task, Worker
+from schedulerd.worker import Worker
 from tests.integration.harness import wait_until
 
 pytestmark = pytest.mark.integration

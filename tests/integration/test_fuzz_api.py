@@ -10,7 +10,6 @@ import asyncio
 import hashlib
 import json
 import os
-import pathlib
 import re
 from typing import Any, Iterator
 

@@ -1,7 +1,6 @@
 import asyncio
 from types import SimpleNamespace
 
-import pytest
 
 from schedulerd.coalescer import Coalescer
 from storage.ops import Op

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import msgpack
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
