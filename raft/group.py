@@ -125,6 +125,7 @@ class Group:
             dynamicMembershipChange=False,
             commandsWaitLeader=False,
             password=conf.secret,
+            logCompactionBatchSize=conf.snapshot_chunk_bytes,
         )
         self.replica = _Replica(self, self.self_addr, self.peers, sconf)
         self.journal = journal.journal_for(journal_path)

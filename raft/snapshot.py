@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import struct
+import zlib
 from typing import Any
 
 import lmdb
@@ -21,9 +22,38 @@ from storage.db import DB_NAMES, LAST_APPLIED, Store
 
 log = logging.getLogger("schedulerd.snapshot")
 
-MAGIC = b"SCHEDSNAP1"
+MAGIC = b"SCHEDSNAP2"
 _LEN = struct.Struct(">I")
+# After the LMDB copy: its length and CRC-32, so a truncated or damaged file (a
+# transfer cut short, a bad disk) is refused instead of swapped in, where LMDB
+# would read past its end (SIGBUS) or return garbage.
+_TRAILER = struct.Struct(">8sQI")
+_TRAILER_MAGIC = b"SNAPEND1"
+_BLOCK = 1 << 20
 LMDB_FILE = "data.mdb"
+
+
+class BadSnapshot(ValueError):
+    """The file is not a whole snapshot; nothing was changed."""
+
+
+def _write_store(env: lmdb.Environment, path: str, header: bytes) -> None:
+    """MAGIC | header | LMDB copy | trailer, fsynced."""
+    with open(path, "w+b") as f:
+        f.write(MAGIC + _LEN.pack(len(header)) + header)
+        f.flush()
+        start = f.tell()
+        env.copyfd(f.fileno(), compact=True)
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        f.seek(start)
+        crc = 0
+        while chunk := f.read(_BLOCK):
+            crc = zlib.crc32(chunk, crc)
+        f.seek(end)
+        f.write(_TRAILER.pack(_TRAILER_MAGIC, end - start, crc))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write(store: Store, path: str, data: tuple[Any, ...]) -> None:
@@ -34,11 +64,7 @@ def write(store: Store, path: str, data: tuple[Any, ...]) -> None:
     last, prev, _cluster = data
     header = msgpack.packb({"last": list(last), "prev": list(prev), "last_applied": store.last_applied()},
                            use_bin_type=True)
-    with open(path, "wb") as f:
-        f.write(MAGIC + _LEN.pack(len(header)) + header)
-        f.flush()
-        store.env.copyfd(f.fileno(), compact=True)
-        os.fsync(f.fileno())
+    _write_store(store.env, path, header)
     log.info("snapshot_written path=%s raft_index=%d bytes=%d", path, last[1], os.path.getsize(path))
 
 
@@ -66,11 +92,7 @@ def write_backup(lmdb_path: str, out_path: str) -> int:
         header = msgpack.packb({"last": [_NO_OP, applied, 0], "prev": [_NO_OP, applied - 1, 0],
                                 "last_applied": applied}, use_bin_type=True)
         tmp = out_path + ".partial"
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + _LEN.pack(len(header)) + header)
-            f.flush()
-            env.copyfd(f.fileno(), compact=True)
-            os.fsync(f.fileno())
+        _write_store(env, tmp, header)
         os.replace(tmp, out_path)
         return applied
     finally:
@@ -79,7 +101,8 @@ def write_backup(lmdb_path: str, out_path: str) -> int:
 
 def install_backup(backup_path: str, snapshot_path: str) -> int:
     """Put a backup where a node with an empty data dir loads it at start; returns its last_applied."""
-    header, _ = read_header(backup_path)
+    header, offset = read_header(backup_path)
+    _check_payload(backup_path, offset, None)
     tmp = snapshot_path + ".partial"
     shutil.copyfile(backup_path, tmp)
     _fsync_file(tmp)
@@ -109,11 +132,15 @@ def restore(store: Store, path: str) -> tuple[Any, ...]:
     local = store.last_applied()
     if local < header["last_applied"]:
         tmp = os.path.join(store.path, LMDB_FILE + ".restore")
-        with open(path, "rb") as src, open(tmp, "wb") as dst:
-            src.seek(offset)
-            shutil.copyfileobj(src, dst, 1 << 20)
-            dst.flush()
-            os.fsync(dst.fileno())
+        try:
+            with open(tmp, "wb") as dst:
+                _check_payload(path, offset, dst)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except BadSnapshot:
+            os.remove(tmp)
+            log.error("snapshot_refused path=%s: truncated or damaged; the store is unchanged", path)
+            raise
         with store.swapping():
             os.replace(tmp, os.path.join(store.path, LMDB_FILE))
             lock = os.path.join(store.path, "lock.mdb")
@@ -123,6 +150,30 @@ def restore(store: Store, path: str) -> tuple[Any, ...]:
                     path, local, header["last_applied"])
     last, prev = header["last"], header["prev"]
     return (tuple(last), tuple(prev), None)
+
+
+def _check_payload(path: str, offset: int, copy_to: Any) -> None:
+    """Check the LMDB copy's length and CRC against the trailer (copying it to copy_to as it goes)."""
+    size = os.path.getsize(path)
+    if size < offset + _TRAILER.size:
+        raise BadSnapshot(f"{path}: {size} bytes, shorter than its header and trailer")
+    with open(path, "rb") as f:
+        f.seek(size - _TRAILER.size)
+        magic, length, crc = _TRAILER.unpack(f.read(_TRAILER.size))
+        if magic != _TRAILER_MAGIC or length != size - offset - _TRAILER.size:
+            raise BadSnapshot(f"{path}: no valid trailer (truncated?): {size} bytes")
+        f.seek(offset)
+        seen, left = 0, length
+        while left:
+            chunk = f.read(min(_BLOCK, left))
+            if not chunk:
+                raise BadSnapshot(f"{path}: ends early")
+            seen = zlib.crc32(chunk, seen)
+            if copy_to is not None:
+                copy_to.write(chunk)
+            left -= len(chunk)
+    if seen != crc:
+        raise BadSnapshot(f"{path}: CRC mismatch, the LMDB copy is damaged")
 
 
 def _fsync_file(path: str) -> None:
