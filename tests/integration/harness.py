@@ -10,11 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from bench.common import free_ports  # noqa: F401  (re-exported: tests import it from here)
 
@@ -33,6 +35,18 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interv
             last_error = exc
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_error!r}")
+
+
+@contextmanager
+def running(worker: Any) -> Iterator[Any]:
+    """The worker polls in a background thread for the body; after it, stop (drain) and join."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(15)
 
 
 def http(method: str, url: str, body: Any = None, timeout_s: float = 10.0,

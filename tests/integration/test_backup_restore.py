@@ -6,13 +6,12 @@ from __future__ import annotations
 import pathlib
 import subprocess
 import sys
-import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from schedulerd.worker import Task, Worker
-from tests.integration.harness import Cluster, wait_until
+from tests.integration.harness import Cluster, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,9 +58,7 @@ def test_a_cluster_restored_from_a_backup_has_what_the_backup_held_and_goes_on(
         ran: list[Task] = []
         worker = Worker(new.urls, wait_s=1)
         worker.handler("restore")(lambda t: ran.append(t))
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
+        with running(worker):
             soon = (datetime.now(timezone.utc) + timedelta(seconds=1)).isoformat()
             assert leader.post("/v1/jobs", {"job_id": "after-restore", "schedule": {"at": soon},
                                             "queue": "restore"})[0] == 201
@@ -72,9 +69,6 @@ def test_a_cluster_restored_from_a_backup_has_what_the_backup_held_and_goes_on(
             # its holder may finish it; had it died, the lease would end and the run come back.
             acked = leader.post(f"/v1/tasks/{task['run_id']}/ack", {"worker_id": "w-old", "fence": task["fence"]})
             assert acked[0] == 200 and acked[1]["run"]["state"] == "succeeded"
-        finally:
-            worker.stop()
-            thread.join(15)
         new.wait_converged()
         digests = {n.get("/v1/cluster/digest")[1]["groups"][0]["digest"] for n in new.nodes}
         assert len(digests) == 1

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 import pytest
 
 from schedulerd.worker import Worker
-from tests.integration.harness import wait_until
+from tests.integration.harness import running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -72,13 +72,8 @@ def test_runs_follow_prints_each_change_and_top_shows_queues(make_cluster) -> No
 
         worker = Worker([node.url], wait_s=1)
         worker.handler("later")(lambda task: "fine")
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
+        with running(worker):
             wait_until(lambda: any(" succeeded " in line for line in lines), 15, "the succeeded run")
-        finally:
-            worker.stop()
-            thread.join(15)
     finally:
         follow.send_signal(signal.SIGINT)
         follow.wait(10)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from schedulerd.worker import Task, Worker
-from tests.integration.harness import wait_until
+from tests.integration.harness import running, wait_until
 from tests.integration.webdriver import Browser, find_browser
 
 pytestmark = pytest.mark.integration
@@ -55,9 +55,7 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
             raise RuntimeError("card declined")
         return "ok"
 
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with running(worker):
         wait_until(lambda: leader.get("/v1/dead-letter")[1]["runs"], 20, "charge-card to dead-letter")
 
         browser.open(f"{cluster.nodes[1].url}/ui")  # any node serves it, a follower too
@@ -102,6 +100,3 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
         browser.run_js("window.scrollTo(0, 0)")
         browser.screenshot(str(shot))
         assert shot.read_bytes().startswith(b"\x89PNG")
-    finally:
-        worker.stop()
-        thread.join(15)

@@ -1,7 +1,6 @@
 """GET /metrics on a real node: what an operator's dashboard and alerts read."""
 from __future__ import annotations
 
-import threading
 import urllib.request
 from datetime import datetime, timedelta, timezone
 
@@ -9,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schedulerd.worker import Task, Worker
-from tests.integration.harness import wait_until
+from tests.integration.harness import running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +45,8 @@ def test_metrics_follow_jobs_runs_queues_raft_and_http(make_cluster) -> None:
             raise RuntimeError("boom")
         return "done"
 
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with running(worker):
         wait_until(lambda: worker.stats.acked == 1 and worker.stats.nacked == 1, 20, "one ack and one nack")
-    finally:
-        worker.stop()
-        thread.join(15)
 
     samples = wait_until(lambda: (lambda s: s if value(s, "schedulerd_queue_ready", queue="idle") == 1 else None)(
         scrape(node.url)), 10, "the unpolled run in the idle queue")

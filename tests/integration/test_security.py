@@ -7,7 +7,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +17,7 @@ import pytest
 from schedulerd.client import Client
 from schedulerd.errors import Forbidden, NotFound, Unauthorized
 from schedulerd.worker import Task, Worker
-from tests.integration.harness import NodeProc, free_ports, http, wait_until
+from tests.integration.harness import NodeProc, free_ports, http, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -119,13 +118,8 @@ def test_the_worker_sdk_sends_its_token(make_cluster, tmp_path: pathlib.Path) ->
                                   "queue": "q"})[0] == 201
     worker = Worker([node.url], wait_s=1, token=work)
     worker.handler("q")(lambda task: "done")
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with running(worker):
         wait_until(lambda: worker.stats.acked == 1, 15, "the ack")
-    finally:
-        worker.stop()
-        thread.join(15)
 
 
 def test_exposing_an_open_api_or_plain_raft_is_refused(tmp_path: pathlib.Path) -> None:
@@ -197,13 +191,8 @@ def test_a_token_limited_to_a_namespace_sees_nothing_else(make_cluster, tmp_path
     worker = Worker([url], wait_s=1, token=team_worker, namespace="payments")
     seen: list[Task] = []
     worker.handler("q")(lambda task: seen.append(task))
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with running(worker):
         wait_until(lambda: worker.stats.acked == 1, 15, "the payments task")
-    finally:
-        worker.stop()
-        thread.join(15)
     assert [t.payload for t in seen] == [{"team": "payments"}] and seen[0].queue == "q"
     default_run = admin_default.job_runs("nightly")["runs"][0]
     assert default_run["state"] == "queued", "the default namespace's run was not handed to payments"

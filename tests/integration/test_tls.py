@@ -8,7 +8,6 @@ import pathlib
 import ssl
 import subprocess
 import sys
-import threading
 import urllib.request
 
 import pytest
@@ -20,7 +19,7 @@ from cryptography.x509.oid import NameOID
 from schedulerd.client import Client
 from schedulerd.errors import Unavailable
 from schedulerd.worker import Worker
-from tests.integration.harness import wait_until
+from tests.integration.harness import running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -71,10 +70,5 @@ def test_https_is_verified_against_the_given_ca(make_cluster, tmp_path: pathlib.
 
     worker = Worker([url], wait_s=1, ca_file=str(ca))
     worker.handler("q")(lambda task: "over tls")
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with running(worker):
         wait_until(lambda: worker.stats.acked == 1, 15, "the task acked over HTTPS")
-    finally:
-        worker.stop()
-        thread.join(15)
