@@ -130,11 +130,13 @@ def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop) -
     addrs = [f"127.0.0.1:{p}" for p in ports]
 
     def start(i: int) -> Group:
+        # Small pieces: the snapshot goes over in many messages, as a large one does.
         cfg = RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
                          data_dir=str(tmp_path / f"n{i}"), compaction_entries_min=10,
-                         compaction_interval_s=0.5, **FAST)
+                         compaction_interval_s=0.5, snapshot_chunk_bytes=CHUNK, **FAST)
         return Group(0, cfg, on_fatal=pytest.fail)
 
+    CHUNK = 4096
     groups = [start(i) for i in range(3)]
     try:
         wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
@@ -152,7 +154,8 @@ def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop) -
         wiped = groups[victim_index]
         wait_until(lambda: job_count(wiped) == 120, 20, "the wiped node to catch up")
         assert wiped.store.last_applied() == leader.store.last_applied()
-        assert os.path.exists(tmp_path / f"n{victim_index}" / "group-0.snapshot")
+        received = tmp_path / f"n{victim_index}" / "group-0.snapshot"
+        assert received.exists() and received.stat().st_size > 10 * CHUNK, "a many-piece transfer"
     finally:
         for g in groups:
             g.destroy()
