@@ -121,7 +121,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
         return web.json_response({
             "records": [{"at": to_iso(r["at_us"]), "who": r["who"], "what": r["what"], "via": r["via"],
                          "outcome": r["outcome"], "raft_index": r["raft_index"]} for _, r in page],
-            "next_cursor": page[-1][0].hex() if len(records) > limit or len(page) == limit else None})
+            "next_cursor": page[-1][0].hex() if len(page) == limit else None})
 
     async def digest(request: web.Request) -> web.Response:
         """A hash of each group's whole replicated state at its last applied index:

@@ -45,9 +45,9 @@ def split(stored: str) -> tuple[str, str]:
     return (namespace, name) if sep else (DEFAULT, stored)
 
 
-def visible(request: web.Request, stored: str) -> bool:
-    """Whether the caller may see a stored job/queue: its namespace is the request's own."""
-    return split(stored)[0] == of_request(request)
+def holds(namespace: str, stored: str) -> bool:
+    """Whether a stored job id or queue name belongs to this namespace."""
+    return split(stored)[0] == namespace
 
 
 def outward(view: dict[str, Any]) -> dict[str, Any]:

@@ -68,13 +68,14 @@ def routes(node: Node) -> list[web.RouteDef]:
         limit = req.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                               limit_name="page_size_max")
         after = _dead_letter_cursor(request.query.get("cursor"))
+        namespace = namespaces.of_request(request)
         runs: list[dict[str, Any]] = []
         stops: list[tuple[int, str]] = []
         for group in node.groups:
             with node.read(group) as (txn, tables):
                 page, stop = queries.dead_letters(txn, tables, queue=_queue_filter(request), limit=limit,
                                                   after=after, scan_max=limits.list_scan_max)
-            page = [r for r in page if namespaces.visible(request, r["job_id"])]
+            page = [r for r in page if namespaces.holds(namespace, r["job_id"])]
             runs.extend(page)
             if stop is not None:
                 stops.append(stop)
@@ -217,7 +218,7 @@ def _visible_run(node: Node, request: web.Request, run_id: str) -> tuple[Group, 
     if group is not None:
         with node.read(group) as (txn, tables):
             rec = queries.get_run(txn, tables, run_id)
-    if group is None or rec is None or not namespaces.visible(request, rec["job_id"]):
+    if group is None or rec is None or not namespaces.holds(namespaces.of_request(request), rec["job_id"]):
         raise NotFound(f"no run {run_id!r}")
     return group, rec
 

@@ -117,6 +117,7 @@ def _mine(node: Node, request: web.Request, items: list[tuple[Any, ...]]) -> lis
     principal = request.get(auth.PRINCIPAL)
     if not isinstance(principal, auth.Principal) or auth.ALL_NAMESPACES in principal.namespaces:
         return items
+    namespace = namespaces.of_request(request)
     out = []
     for item in items:
         group = node.group_of_run(item[0])
@@ -124,7 +125,7 @@ def _mine(node: Node, request: web.Request, items: list[tuple[Any, ...]]) -> lis
         if group is not None:
             with node.read(group) as (txn, tables):
                 rec = queries.get_run(txn, tables, item[0])
-        if rec is not None and not namespaces.visible(request, rec["job_id"]):
+        if rec is not None and not namespaces.holds(namespace, rec["job_id"]):
             item = (f"{item[0]}{HIDDEN}", *item[1:])
         out.append(item)
     return out
