@@ -1,14 +1,14 @@
 """One LMDB environment per Raft group, with its named databases.
 
 Entries are applied into one write txn per Raft tick (`apply_txn`), committed
-by `commit_applied` before anyone learns a result: one fsync per tick instead
-of one per entry. Data pages are fsynced at each commit, the meta page is not (metasync off):
-after a power loss LMDB is intact but may have lost its last transactions.
-That is safe because the Raft journal (fsynced before any ack) still holds
-every entry after the last snapshot, and restart re-applies whatever is above
-the store's last_applied; a store older than the snapshot is replaced by it."""
+by `commit_applied` before anyone learns a result. Commits are not fsynced
+(see storage/bootmark.py for why that is safe and what happens after a machine
+crash): the Raft journal, fsynced before any ack, still holds every entry after
+the last snapshot, and restart re-applies whatever is above the store's
+last_applied; a store older than the snapshot is replaced by it."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from contextlib import contextmanager
@@ -17,7 +17,9 @@ from typing import Iterator
 
 import lmdb
 
-from storage import keys
+from storage import bootmark, keys
+
+log = logging.getLogger("schedulerd.store")
 
 SCHEMA_VERSION = 1
 DB_NAMES = ("jobs", "due", "runs", "occurrences", "ready", "leases", "meta", "job_stats", "dead_letters",
@@ -57,12 +59,26 @@ class Store:
         self.map_bytes = map_bytes
         self._lock = threading.Lock()
         self._applying: lmdb.Transaction | None = None
+        self._boot = bootmark.current_boot()
         self.env, self.tables = self._open()
+
+    def _discard(self) -> None:
+        """The machine went down while this store had unsynced commits: it may be torn."""
+        for name in ("data.mdb", "lock.mdb"):
+            path = os.path.join(self.path, name)
+            if os.path.exists(path):
+                os.remove(path)
+        log.warning("store_discarded path=%s reason=machine_restarted_without_clean_close: "
+                    "rebuilding from the snapshot and the Raft journal", self.path)
 
     def _open(self) -> tuple[lmdb.Environment, Tables]:
         os.makedirs(self.path, exist_ok=True)
+        if self._boot is not None:
+            if bootmark.torn_by_reboot(self.path, self._boot):
+                self._discard()
+            bootmark.mark(self.path, self._boot, clean=False)
         env = lmdb.open(self.path, map_size=self.map_bytes, max_dbs=len(DB_NAMES) + 1,
-                        sync=True, metasync=False, readahead=False)
+                        sync=self._boot is None, metasync=False, readahead=False)
         tables = Tables(**{name: env.open_db(name.encode()) for name in DB_NAMES})
         with env.begin(write=True) as txn:
             raw = txn.get(SCHEMA, db=tables.meta)
@@ -85,7 +101,7 @@ class Store:
         return self._applying
 
     def commit_applied(self) -> bool:
-        """Commit (and fsync) what this tick applied; False if there was nothing."""
+        """Commit what this tick applied (fsynced only where bootmark has no boot id); False if nothing."""
         txn, self._applying = self._applying, None
         if txn is None:
             return False
@@ -115,7 +131,10 @@ class Store:
     def close(self) -> None:
         self.abort_applied()
         with self._lock:
+            self.env.sync(True)
             self.env.close()
+        if self._boot is not None:
+            bootmark.mark(self.path, self._boot, clean=True)
 
 
 def last_applied(txn: lmdb.Transaction, tables: Tables) -> int:
