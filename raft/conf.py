@@ -29,9 +29,9 @@ class RaftConfig:
     # Compact the log into an LMDB snapshot after this many entries or seconds.
     compaction_entries_min: int = 20_000
     compaction_interval_s: float = 600.0
-    # Snapshot bytes per Raft message when a lagging node is sent the leader's snapshot.
-    # pysyncobj's 64 KiB default made a 750 MB snapshot ~11,600 messages (minutes), long
-    # enough for one election to restart the transfer from the beginning, again and again.
+    # Snapshot bytes per Raft message when a lagging node is sent the leader's snapshot
+    # (pysyncobj's default is 64 KiB); also the socket buffer sizes. The leader queues
+    # at most two pieces per follower (raft/snapshot_transfer.py).
     snapshot_chunk_bytes: int = 1 << 20
     # Virtual size of each LMDB map (a sparse file; grows as data does).
     lmdb_map_bytes: int = 32 << 30

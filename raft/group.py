@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
-from raft import journal, snapshot
+from raft import journal, snapshot, snapshot_transfer
 from raft.conf import RaftConfig
 from storage import fsm
 from storage.db import Store
@@ -126,6 +126,8 @@ class Group:
             commandsWaitLeader=False,
             password=conf.secret,
             logCompactionBatchSize=conf.snapshot_chunk_bytes,
+            sendBufferSize=conf.snapshot_chunk_bytes,
+            recvBufferSize=conf.snapshot_chunk_bytes,
         )
         self.replica = _Replica(self, self.self_addr, self.peers, sconf)
         self.journal = journal.journal_for(journal_path)
@@ -134,6 +136,8 @@ class Group:
         self.journal.on_error = lambda error: self._on_fatal(f"group={group_id} journal: {error}")
         journal.make_durable(self.replica, self.journal)
         _backtrack_to_commit_index(self.replica)
+        snapshot_transfer.pace_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
+        snapshot_transfer.answer_pieces(self.replica)
         self._step_down_requested = False
         self.leader_changes = 0
         self._leader_seen: Any = None
@@ -184,6 +188,7 @@ class Group:
     def _watch_leader(self) -> None:
         leader = self.replica._getLeader()
         if leader != self._leader_seen:
+            snapshot_transfer.forget_transfers(self.replica)
             if leader is not None:
                 self.leader_changes += 1
                 log.info("leader_changed group=%d leader=%s term=%d", self.group_id, leader.address,

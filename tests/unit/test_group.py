@@ -7,9 +7,11 @@ import asyncio
 import os
 import pathlib
 import shutil
+import time
 from typing import Any
 
 import pytest
+from pysyncobj.serializer import Serializer
 
 from raft.conf import RaftConfig
 from raft.group import Group
@@ -151,7 +153,12 @@ def test_after_a_machine_crash_the_store_is_rebuilt_from_snapshot_and_journal(
         group.destroy()
 
 
-def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop) -> None:
+@pytest.mark.parametrize("piece_delay_s", [0.0, 0.1])
+def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop, monkeypatch,
+                                                 piece_delay_s: float) -> None:
+    """With piece_delay_s the follower takes each piece slowly (a slow disk): the whole
+    transfer outlasts pysyncobj's connectionTimeout, so it completes only if the
+    follower's answers keep the leader from dropping the connection."""
     ports = free_ports(3)
     addrs = [f"127.0.0.1:{p}" for p in ports]
 
@@ -162,7 +169,7 @@ def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop) -
                          compaction_interval_s=0.5, snapshot_chunk_bytes=CHUNK, **FAST)
         return Group(0, cfg, on_fatal=pytest.fail)
 
-    CHUNK = 4096
+    CHUNK = 1024
     groups = [start(i) for i in range(3)]
     try:
         wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
@@ -176,12 +183,23 @@ def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop) -
             propose(leader, loop, create_blob(f"j{i}"))
         wait_until(lambda: os.path.exists(tmp_path / f"n{victim_index}") is False and
                    leader.status()["journal_entries"] < 100, 15, "the leader to compact its log")
+        take_piece = Serializer.setTransmissionData
+
+        def slow_take(self: Serializer, data: Any) -> bool:
+            time.sleep(piece_delay_s)
+            return take_piece(self, data)
+
+        monkeypatch.setattr(Serializer, "setTransmissionData", slow_take)
+        started = time.monotonic()
         groups[victim_index] = start(victim_index)
         wiped = groups[victim_index]
-        wait_until(lambda: job_count(wiped) == 120, 20, "the wiped node to catch up")
+        wait_until(lambda: job_count(wiped) == 120, 30, "the wiped node to catch up")
         assert wiped.store.last_applied() == leader.store.last_applied()
         received = tmp_path / f"n{victim_index}" / "group-0.snapshot"
         assert received.exists() and received.stat().st_size > 10 * CHUNK, "a many-piece transfer"
+        if piece_delay_s:
+            timeout_s = leader.replica._getConf().connectionTimeout
+            assert time.monotonic() - started > timeout_s, "the transfer must outlast connectionTimeout"
     finally:
         for g in groups:
             g.destroy()
