@@ -33,6 +33,12 @@ class RaftConfig:
     # (pysyncobj's default is 64 KiB); also the socket buffer sizes. The leader queues
     # at most two pieces per follower (raft/snapshot_transfer.py).
     snapshot_chunk_bytes: int = 1 << 20
+    # Largest Raft entry, and the size of one append message. pysyncobj 0.3.17 sends a
+    # bigger entry in pieces and marks its last piece wrongly (by the command's length,
+    # not the pickled entry's): an entry just under a multiple of the piece size reached
+    # followers cut short. So no entry is ever split: proposals above this are refused,
+    # and the API's limits keep every entry it builds below it (schedulerd/config.py).
+    entry_bytes_max: int = 4 << 20
     # Virtual size of each LMDB map (a sparse file; grows as data does).
     lmdb_map_bytes: int = 32 << 30
     # Shared cluster secret: pysyncobj derives a Fernet key (AES + HMAC) from it and

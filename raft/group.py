@@ -125,6 +125,8 @@ class Group:
             dynamicMembershipChange=False,
             commandsWaitLeader=False,
             password=conf.secret,
+            # pysyncobj wraps each blob in its own call encoding: room for that on top.
+            appendEntriesBatchSizeBytes=conf.entry_bytes_max + (64 << 10),
             logCompactionBatchSize=conf.snapshot_chunk_bytes,
             sendBufferSize=conf.snapshot_chunk_bytes,
             recvBufferSize=conf.snapshot_chunk_bytes,
@@ -207,6 +209,10 @@ class Group:
         """Append blob to the log; the future resolves with the apply result once this
         node has applied it (so a read on this node right after sees it)."""
         fut: asyncio.Future[Any] = loop.create_future()
+        if len(blob) > self.conf.entry_bytes_max:
+            fut.set_exception(ProposalFailed(f"entry of {len(blob)} bytes is over entry_bytes_max "
+                                             f"({self.conf.entry_bytes_max})", maybe_applied=False))
+            return fut
 
         def settle(result: Any, error: int) -> None:
             if fut.done():

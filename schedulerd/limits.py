@@ -32,6 +32,9 @@ class Limits:
     lease_entry_runs_max: int = 1000
     # Acks or heartbeats in one batch request, and in one Raft entry.
     ack_batch_max: int = 500
+    # Coalesced into one entry, an ack weighs one more per started ack_weight_bytes of
+    # its result: an entry's results stay under ack_batch_max * ack_weight_bytes.
+    ack_weight_bytes: int = 4 * 1024
     # Expired leases requeued in one Raft entry.
     expire_batch_max: int = 500
     # Longest long-poll a worker may ask for, seconds.

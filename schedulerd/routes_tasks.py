@@ -153,8 +153,10 @@ class TaskCommits:
             now = node.clock.now_us()
             return {"now": now, "lease_until": now + int(node.config.lease_s * US)}
 
-        batch = node.config.limits.ack_batch_max
-        self.acks = Coalescer(node.propose, Op.ACK, "acks", "results", batch)
+        limits = node.config.limits
+        batch = limits.ack_batch_max
+        self.acks = Coalescer(node.propose, Op.ACK, "acks", "results", batch,
+                              weight=lambda ack: 1 + len(ack[2] or "") // limits.ack_weight_bytes)
         self.heartbeats = Coalescer(node.propose, Op.HEARTBEAT, "leases", "results", batch, lease_extension)
 
 

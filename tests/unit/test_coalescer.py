@@ -76,3 +76,25 @@ def test_extra_fields_are_computed_per_entry() -> None:
 
     run(main())
     assert seen == [0, 1]
+
+
+def test_acks_with_large_results_share_entries_by_weight() -> None:
+    """An entry of coalesced acks stays under ack_batch_max * ack_weight_bytes of results."""
+    from raft.conf import RaftConfig
+    from schedulerd.config import NodeConfig
+    from schedulerd.routes_tasks import TaskCommits
+
+    raft = FakeRaft()
+    config = NodeConfig(raft=RaftConfig(self_addr="127.0.0.1:1", data_dir="/nonexistent"))
+    commits = TaskCommits(SimpleNamespace(config=config, propose=raft.propose, clock=None))
+    result = "r" * (2 * config.limits.ack_weight_bytes)  # weighs 3
+
+    async def main():
+        return await asyncio.gather(*(commits.acks.submit(GROUP, [[f"run-{i}", 1, result, "w"]])
+                                      for i in range(400)))
+
+    run(main())
+    assert sum(len(e) for e in raft.entries) == 400
+    limits = config.limits
+    assert max(sum(len(item[2]) for item in e) for e in raft.entries) <= limits.ack_batch_max * limits.ack_weight_bytes
+    assert max(len(e) for e in raft.entries) == limits.ack_batch_max // 3

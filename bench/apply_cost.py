@@ -1,0 +1,113 @@
+"""What applying one job's life costs on one replica, with no network: the
+create, claim, lease and ack entries of N one-off jobs applied through
+storage/fsm.py into a real LMDB store, one commit per entry (as one Raft tick
+with one entry would), in the batch sizes the daemon uses under load.
+
+    python -m bench.apply_cost [--jobs 20000] [--data-root DIR] [--profile 25]
+
+Every replica pays this for every job, in its one tick thread: it bounds what
+the cluster can dispatch per second however fast the network and fsync are."""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+from bench.common import uptime_line
+from schedulerd.jobspec import JOB_DEFAULTS
+from storage import fsm, ops, queries
+from storage.db import Store
+from storage.ops import Op
+
+S = 1_000_000
+T0 = 1_800_000_000 * S
+CREATE_BATCH, CLAIM_BATCH, LEASE_BATCH, ACK_BATCH = 100, 500, 100, 500
+
+
+class Replica:
+    def __init__(self, path: str) -> None:
+        self.store = Store(path, 0, 8 << 30)
+        self.index = 0
+
+    def apply(self, op: Op, payload: dict[str, Any]) -> dict[str, Any]:
+        self.index += 1
+        _, result = fsm.apply(self.store, self.index, ops.encode(op, payload))
+        self.store.commit_applied()
+        return result
+
+
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def phases(replica: Replica, jobs: int) -> list[tuple[str, Callable[[], None]]]:
+    ids = [f"bench-{i:08d}" for i in range(jobs)]
+    due = T0 + 60 * S
+    run_ids: list[str] = []
+    tasks: list[dict[str, Any]] = []
+
+    def create() -> None:
+        for batch in _chunks(ids, CREATE_BATCH):
+            specs = [dict(JOB_DEFAULTS, job_id=job_id, schedule={"kind": "at", "at_us": due}, schedule_spec={},
+                          queue="bench", payload_json='{"n": 1}') for job_id in batch]
+            replica.apply(Op.CREATE_JOBS, {"now": T0, "jobs": specs})
+
+    def claim() -> None:
+        with replica.store.read() as txn:
+            found = queries.due(txn, replica.store.tables, range(256), due, jobs)
+        for batch in _chunks(found, CLAIM_BATCH):
+            result = replica.apply(Op.CLAIM_BATCH, {"now": due - S // 2, "claims": [list(c) for c in batch]})
+            run_ids.extend(result["runs"])
+
+    def lease() -> None:
+        for batch in _chunks(run_ids, LEASE_BATCH):
+            result = replica.apply(Op.LEASE_BATCH, {"now": due, "lease_until": due + 30 * S,
+                                                    "grants": [["worker-1", batch]]})
+            tasks.extend(result["grants"][0][1])
+
+    def ack() -> None:
+        for batch in _chunks(tasks, ACK_BATCH):
+            replica.apply(Op.ACK, {"now": due + S, "worker_id": "worker-1",
+                                   "acks": [[t["run_id"], t["fence"], None] for t in batch]})
+
+    return [("create", create), ("claim", claim), ("lease", lease), ("ack", ack)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.apply_cost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--data-root", default=None, help="the store goes here (a real disk)")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions")
+    args = p.parse_args(argv)
+    path = tempfile.mkdtemp(prefix="apply-cost-", dir=args.data_root)
+    profiler = cProfile.Profile() if args.profile else None
+    print(f"bench.apply_cost: {args.jobs:,} one-off jobs, one replica, store in {path}; {uptime_line()}")
+    try:
+        replica = Replica(os.path.join(path, "lmdb"))
+        total = 0.0
+        for name, run in phases(replica, args.jobs):
+            started = time.perf_counter()
+            if profiler is not None:
+                profiler.runcall(run)
+            else:
+                run()
+            took = time.perf_counter() - started
+            total += took
+            print(f"  {name:<7} {took * 1e6 / args.jobs:7.1f} µs/job")
+        print(f"  {'total':<7} {total * 1e6 / args.jobs:7.1f} µs/job  ({args.jobs / total:,.0f} jobs/s on one core)")
+        replica.store.close()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    if profiler is not None:
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(args.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Daemon configuration checks that tie limits to what Raft can carry."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from raft.conf import RaftConfig
+from schedulerd.config import NodeConfig
+from schedulerd.limits import Limits
+
+
+def config(**limits: int) -> NodeConfig:
+    return NodeConfig(raft=RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x"),
+                      limits=dataclasses.replace(Limits(), **limits))
+
+
+def test_the_defaults_fit_in_one_raft_entry() -> None:
+    config().validate()
+
+
+@pytest.mark.parametrize("limits", [{"request_bytes_max": 3 << 20}, {"ack_weight_bytes": 16 << 10}])
+def test_limits_that_could_build_an_entry_over_entry_bytes_max_are_refused(limits: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="entry_bytes_max"):
+        config(**limits).validate()
