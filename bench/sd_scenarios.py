@@ -61,9 +61,22 @@ def _restart(system: SdSystem, wipe: bool) -> dict[str, Any]:
     ready_s = time.monotonic() - t0
     wait_until(lambda: _caught_up(system, node), CATCH_UP_S_MAX, f"{node.name} caught up", interval_s=0.1)
     caught_s = time.monotonic() - t0
-    leader_digest, node_digest = system.cluster.leader().digest(), node.digest()
+    leader_digest, node_digest = _digests_at_one_index(system, node)
     return {"node": node.name, "ready_s": ready_s, "caught_up_s": caught_s,
             "digest_match": leader_digest == node_digest, "last_applied": node_digest[0]}
+
+
+def _digests_at_one_index(system: SdSystem, node: Node) -> tuple[tuple[int, str], tuple[int, str]]:
+    """The leader's and node's (last_applied, digest), read when both have applied the same
+    entries: a digest of a 1M-job store takes seconds, and an entry may land in between."""
+    pair: list[tuple[int, str]] = []
+
+    def same_index() -> bool:
+        pair[:] = [system.cluster.leader().digest(), node.digest()]
+        return pair[0][0] == pair[1][0]
+
+    wait_until(same_index, CATCH_UP_S_MAX, f"{node.name} and the leader at one index", interval_s=0.5)
+    return pair[0], pair[1]
 
 
 def _snapshot_events(system: SdSystem) -> list[str]:

@@ -101,7 +101,7 @@ def occur(ctx: Ctx, job: Record, scheduled_us: int, now: int, available_us: int,
 
 
 def _overlap_blocks(ctx: Ctx, job: Record) -> bool:
-    policy = OverlapPolicy(job["overlap_policy"])
+    policy = job["overlap_policy"]
     if policy == OverlapPolicy.ALLOW:
         return False
     stats = records.job_stats(ctx, job["job_id"])

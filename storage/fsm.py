@@ -18,14 +18,13 @@ from typing import Any, Callable
 
 import lmdb
 
-from storage import audit, claims, jobs, leases, ops
+from storage import audit, claims, jobs, leases, ops, records
 from storage.db import Store, last_applied, set_last_applied
 from storage.ops import Op
-from storage.records import Ctx
 
 log = logging.getLogger("schedulerd.fsm")
 
-Handler = Callable[[Ctx, dict[str, Any]], dict[str, Any]]
+Handler = Callable[[records.Ctx, dict[str, Any]], dict[str, Any]]
 
 HANDLERS: dict[Op, Handler] = {
     Op.CREATE_JOBS: jobs.create_jobs,
@@ -57,8 +56,9 @@ def apply(store: Store, index: int, blob: bytes) -> tuple[Op | None, dict[str, A
         txn = store.apply_txn()
         if index <= last_applied(txn, store.tables):
             return None, ALREADY_APPLIED
-        ctx = Ctx(txn, store.tables, store.group, index)
+        ctx = records.Ctx(txn, store.tables, store.group, index)
         result = HANDLERS[op](ctx, payload)
+        records.flush(ctx)
         audit.record_command(ctx, op, payload, result)
         set_last_applied(txn, store.tables, index)
         log.debug("applied op=%s raft_index=%d", op.name, index)

@@ -35,7 +35,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                                else {"job_id": job_id, **_fail("conflict", f"idempotency key {idem!r} was used "
                                                                            "for a different request")})
                 continue
-        if records.get_job(ctx, job_id) is not None:
+        if records.job_exists(ctx, job_id):
             results.append({"job_id": job_id, **_fail("conflict", f"job {job_id!r} already exists")})
             continue
         job = {k: v for k, v in spec.items() if k not in ("request_hash", "audit")}

@@ -4,6 +4,7 @@ tests enumerate both the legal and the illegal pairs."""
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 
 class RunState(str, Enum):
@@ -113,15 +114,22 @@ class IllegalTransition(Exception):
     """A state change the transition table does not allow: a bug, never a user error."""
 
 
+# The same tables keyed by plain state strings, as records hold them (apply looks one
+# up per transition; converting to the Enum each time was ~5% of apply).
+_RUN_NEXT = {(s.value, e): t.value for (s, e), t in RUN_TRANSITIONS.items()}
+_JOB_NEXT = {(s.value, e): t.value for (s, e), t in JOB_TRANSITIONS.items()}
+
+
+def _next(table: dict[tuple[str, Any], str], kind: str, state: str, event: RunEvent | JobEvent) -> str:
+    after = table.get((state, event))  # a str Enum member hashes and compares as its value
+    if after is None:
+        raise IllegalTransition(f"{kind} {state} --{event.value}-->")
+    return after
+
+
 def run_transition(state: str, event: RunEvent) -> str:
-    try:
-        return RUN_TRANSITIONS[(RunState(state), event)].value
-    except KeyError:
-        raise IllegalTransition(f"run {state} --{event.value}-->") from None
+    return _next(_RUN_NEXT, "run", state, event)
 
 
 def job_transition(state: str, event: JobEvent) -> str:
-    try:
-        return JOB_TRANSITIONS[(JobState(state), event)].value
-    except KeyError:
-        raise IllegalTransition(f"job {state} --{event.value}-->") from None
+    return _next(_JOB_NEXT, "job", state, event)

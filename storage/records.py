@@ -5,7 +5,7 @@ index, the ready queue and the lease-expiry index can never drift from the
 records they point at."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
@@ -13,7 +13,7 @@ import msgpack
 
 from storage import keys
 from storage.db import Tables
-from storage.model import PENDING_RUN_STATES, TERMINAL_RUN_STATES, JobState, RunState
+from storage.model import PENDING_RUN_STATES, TERMINAL_RUN_STATES, RunState
 
 Record = dict[str, Any]
 
@@ -28,6 +28,11 @@ class Ctx:
     index: int
     runs_made: int = 0
     audits_made: int = 0
+    # Per-job run counts and per-state job totals change many times in one entry:
+    # kept here and written once, by `flush`, at the end of the entry.
+    stats: dict[str, Record] = field(default_factory=dict)
+    stats_changed: set[str] = field(default_factory=set)
+    state_counts: dict[str, int] = field(default_factory=dict)
 
     def new_run_id(self) -> str:
         """`{group}-{raft index}-{n}`: unique, and the same on every replica."""
@@ -49,12 +54,19 @@ def get_job(ctx: Ctx, job_id: str) -> Record | None:
     return unpack(raw) if raw else None
 
 
+def job_exists(ctx: Ctx, job_id: str) -> bool:
+    return ctx.txn.get(keys.job_key(job_id), db=ctx.tables.jobs) is not None
+
+
 def put_job(ctx: Ctx, job: Record, old_fire_us: int | None, was: str | None) -> None:
     """Store a job, move its due-index entry from old_fire_us to its next_fire_us, and
     keep the count of jobs per state (`was`: its state before, None for a new job)."""
     job_id, shard = job["job_id"], job["shard"]
     if was != job["state"]:
-        _count_job_state(ctx, was, job["state"])
+        counts = ctx.state_counts
+        if was is not None:
+            counts[was] = counts.get(was, 0) - 1
+        counts[job["state"]] = counts.get(job["state"], 0) + 1
     if old_fire_us is not None and old_fire_us != job["next_fire_us"]:
         ctx.txn.delete(keys.due_key(shard, old_fire_us, job_id), db=ctx.tables.due)
     if job["next_fire_us"] is not None:
@@ -71,21 +83,13 @@ def occurrence_taken(ctx: Ctx, job_id: str, scheduled_us: int) -> bool:
     return ctx.txn.get(keys.occurrence_key(job_id, scheduled_us), db=ctx.tables.occurrences) is not None
 
 
-def _count_job_state(ctx: Ctx, was: str | None, now: str) -> None:
-    """Totals per job state, so a metrics scrape need not read every job."""
-    raw = ctx.txn.get(keys.JOB_STATE_COUNTS, db=ctx.tables.meta)
-    counts = unpack(raw) if raw else {}
-    if was is not None:
-        counts[JobState(was).value] = counts.get(JobState(was).value, 0) - 1
-    name = JobState(now).value  # a str Enum hashes by its name: key by the plain value
-    counts[name] = counts.get(name, 0) + 1
-    ctx.txn.put(keys.JOB_STATE_COUNTS, pack(counts), db=ctx.tables.meta)
-
-
 def job_stats(ctx: Ctx, job_id: str) -> Record:
     """Counts kept beside each job: runs waiting (queued/retry_wait), running, and stored."""
-    raw = ctx.txn.get(keys.job_key(job_id), db=ctx.tables.job_stats)
-    return unpack(raw) if raw else {"pending": 0, "running": 0, "runs": 0}
+    stats = ctx.stats.get(job_id)
+    if stats is None:
+        raw = ctx.txn.get(keys.job_key(job_id), db=ctx.tables.job_stats)
+        stats = ctx.stats[job_id] = unpack(raw) if raw else {"pending": 0, "running": 0, "runs": 0}
+    return stats
 
 
 def _bump(ctx: Ctx, job_id: str, before: Record | None, after: Record | None) -> None:
@@ -98,7 +102,19 @@ def _bump(ctx: Ctx, job_id: str, before: Record | None, after: Record | None) ->
             stats["pending"] += sign
         elif rec["state"] == RunState.RUNNING:
             stats["running"] += sign
-    ctx.txn.put(keys.job_key(job_id), pack(stats), db=ctx.tables.job_stats)
+    ctx.stats_changed.add(job_id)
+
+
+def flush(ctx: Ctx) -> None:
+    """Write what the entry changed in per-job run counts and per-state job totals."""
+    for job_id in sorted(ctx.stats_changed):
+        ctx.txn.put(keys.job_key(job_id), pack(ctx.stats[job_id]), db=ctx.tables.job_stats)
+    if ctx.state_counts:
+        raw = ctx.txn.get(keys.JOB_STATE_COUNTS, db=ctx.tables.meta)
+        counts = unpack(raw) if raw else {}
+        for name, delta in ctx.state_counts.items():
+            counts[name] = counts.get(name, 0) + delta
+        ctx.txn.put(keys.JOB_STATE_COUNTS, pack(counts), db=ctx.tables.meta)
 
 
 def insert_run(ctx: Ctx, run: Record) -> None:
