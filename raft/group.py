@@ -13,6 +13,7 @@ from typing import Any, Callable
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from raft import journal, snapshot, snapshot_transfer
+from raft.snapshot_writer import SnapshotWriter
 from raft.conf import RaftConfig
 from storage import fsm
 from storage.db import Store
@@ -110,10 +111,12 @@ class Group:
         self.self_addr, self.peers = conf.node_addrs(group_id)
         journal.install()
         journal_path = base + ".journal"
+        self._snapshots = SnapshotWriter(self.store, base + ".snapshot")
         sconf = SyncObjConf(
             journalFile=journal_path,
             fullDumpFile=base + ".snapshot",
             serializer=self._write_snapshot,
+            serializeChecker=self._snapshots.state,
             deserializer=self._restore_snapshot,
             appendEntriesUseBatch=False,
             appendEntriesPeriod=conf.append_entries_period_s,
@@ -199,10 +202,11 @@ class Group:
 
     def _write_snapshot(self, path: str, data: tuple[Any, ...]) -> None:
         self._commit_applied()
-        snapshot.write(self.store, path, data)
+        self._snapshots.write(path, data)
 
     def _restore_snapshot(self, path: str) -> tuple[Any, ...]:
         self._commit_applied()
+        self._snapshots.abandon()
         return snapshot.restore(self.store, path)
 
     def propose(self, blob: bytes, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
@@ -274,4 +278,5 @@ class Group:
     def destroy(self) -> None:
         # Wait for the tick thread: it may be mid-apply on the store we close next.
         self.replica.destroy_synchronous()
+        self._snapshots.abandon()
         self.store.close()

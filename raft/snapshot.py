@@ -182,6 +182,11 @@ def _fsync_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    fsync_dir(path)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename or creation of `path` durable."""
     dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -119,11 +119,15 @@ def test_compaction_writes_an_lmdb_snapshot_and_restart_uses_it(tmp_path: pathli
         wait_until(snapshot.exists, 10, "a snapshot file")
         wait_until(lambda: group.status()["journal_entries"] < 60, 10, "the journal to be compacted")
         assert snapshot.read_bytes().startswith(b"SCHEDSNAP2") and b"SNAPEND1" in snapshot.read_bytes()[-20:]
+        first = snapshot.stat().st_ino
+        for i in range(60, 120):  # the next one is written beside the tick thread
+            propose(group, loop, create_blob(f"j{i}"))
+        wait_until(lambda: snapshot.stat().st_ino != first, 10, "a second snapshot")
     finally:
         group.destroy()
     group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_interval_s=0.5)
     try:
-        assert job_count(group) == 60
+        assert job_count(group) == 120
     finally:
         group.destroy()
 

@@ -1,0 +1,111 @@
+"""Compaction snapshots written beside the tick thread (raft/snapshot_writer.py):
+the previous snapshot stays in place until the new one is whole, a failed or
+abandoned copy changes nothing, and each outcome is reported to pysyncobj once."""
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+from typing import Any
+
+import pytest
+from pysyncobj import SERIALIZER_STATE
+
+from raft import snapshot
+from raft.snapshot_writer import SnapshotWriter
+from schedulerd.jobspec import JOB_DEFAULTS
+from storage.ops import Op
+from tests.integration.harness import wait_until
+from tests.unit.fsm_driver import S, T0, Driver
+
+FIRST = ((b"\x01", 5, 2), (b"\x01", 4, 2), None)
+SECOND = ((b"\x01", 9, 2), (b"\x01", 8, 2), None)
+
+
+@pytest.fixture
+def setup(tmp_path: pathlib.Path):
+    d = Driver(str(tmp_path / "lmdb"))
+    d.apply(Op.CREATE_JOBS, now=T0, jobs=[dict(JOB_DEFAULTS, job_id="j", schedule={"kind": "every", "every_us": S},
+                                               schedule_spec={}, queue="q", payload_json="{}")])
+    final = tmp_path / "group-0.snapshot"
+    yield d, SnapshotWriter(d.store, str(final)), final
+    d.store.close()
+
+
+def pysyncobj_serialize(writer: SnapshotWriter, final: pathlib.Path, data: tuple[Any, ...]) -> None:
+    """What pysyncobj's Serializer.serialize does around the serializer."""
+    tmp = str(final) + ".tmp"
+    writer.write(tmp, data)
+    os.replace(tmp, final)
+
+
+def finished(writer: SnapshotWriter) -> int:
+    states: list[int] = []
+    wait_until(lambda: states.append(writer.state()) or states[-1] != SERIALIZER_STATE.SERIALIZING, 10, "the copy")
+    return states[-1]
+
+
+def last_index(path: pathlib.Path) -> int:
+    return snapshot.read_header(str(path))[0]["last"][1]
+
+
+def test_the_first_snapshot_is_written_in_the_call(setup) -> None:
+    _, writer, final = setup
+    pysyncobj_serialize(writer, final, FIRST)
+    assert last_index(final) == 5
+    assert writer.state() == SERIALIZER_STATE.SUCCESS
+    assert writer.state() == SERIALIZER_STATE.NOT_SERIALIZING
+
+
+def test_the_previous_snapshot_stays_until_the_new_one_is_whole(setup, monkeypatch) -> None:
+    _, writer, final = setup
+    pysyncobj_serialize(writer, final, FIRST)
+    writer.state()
+    release = threading.Event()
+    real_write = snapshot.write
+
+    def slow_write(store: Any, path: str, data: tuple[Any, ...]) -> None:
+        release.wait(10)
+        real_write(store, path, data)
+
+    monkeypatch.setattr(snapshot, "write", slow_write)
+    pysyncobj_serialize(writer, final, SECOND)  # returns at once; pysyncobj's rename changes nothing
+    assert writer.state() == SERIALIZER_STATE.SERIALIZING
+    assert last_index(final) == 5
+    release.set()
+    assert finished(writer) == SERIALIZER_STATE.SUCCESS
+    assert last_index(final) == 9
+    assert sorted(p.name for p in final.parent.iterdir() if p.name.startswith(final.name)) == [final.name]
+    assert writer.state() == SERIALIZER_STATE.NOT_SERIALIZING
+
+
+def test_a_failed_copy_keeps_the_previous_snapshot(setup, monkeypatch) -> None:
+    _, writer, final = setup
+    pysyncobj_serialize(writer, final, FIRST)
+    writer.state()
+
+    def broken_write(store: Any, path: str, data: tuple[Any, ...]) -> None:
+        pathlib.Path(path).write_bytes(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(snapshot, "write", broken_write)
+    pysyncobj_serialize(writer, final, SECOND)
+    assert finished(writer) == SERIALIZER_STATE.FAILED
+    assert last_index(final) == 5
+    assert sorted(p.name for p in final.parent.iterdir() if p.name.startswith(final.name)) == [final.name]
+
+
+def test_a_copy_overtaken_by_a_restore_is_dropped(setup, monkeypatch) -> None:
+    _, writer, final = setup
+    pysyncobj_serialize(writer, final, FIRST)
+    writer.state()
+    release = threading.Event()
+    real_write = snapshot.write
+    monkeypatch.setattr(snapshot, "write", lambda store, path, data: (release.wait(10), real_write(store, path, data)))
+    pysyncobj_serialize(writer, final, SECOND)
+    threading.Timer(0.2, release.set).start()
+    writer.abandon()  # waits for the copy, then throws it away
+    assert last_index(final) == 5
+    assert writer.state() == SERIALIZER_STATE.FAILED  # pysyncobj must hear an outcome to compact again
+    assert writer.state() == SERIALIZER_STATE.NOT_SERIALIZING
+    assert not os.path.exists(str(final) + ".next")
