@@ -2,7 +2,9 @@
 and the store is left as it was (LMDB would read past a short file: SIGBUS)."""
 from __future__ import annotations
 
+import io
 import pathlib
+import threading
 
 import pytest
 
@@ -46,3 +48,24 @@ def test_a_truncated_or_damaged_snapshot_is_refused_and_changes_nothing(tmp_path
         snapshot.restore(empty.store, str(path))
     assert empty.job("j0") is None and empty.store.last_applied() == 0
     assert not list((tmp_path / "dst").glob("*.restore"))
+
+
+def test_a_write_that_fails_midway_stops_the_copy_and_raises(tmp_path: pathlib.Path, monkeypatch) -> None:
+    d = Driver(str(tmp_path / "src"))
+    specs = [dict(JOB_DEFAULTS, job_id=f"j{i}", schedule={"kind": "every", "every_us": 60 * S}, schedule_spec={},
+                  queue="q", payload_json='"' + "x" * 2000 + '"') for i in range(2000)]
+    for i in range(0, 2000, 100):
+        d.apply(Op.CREATE_JOBS, now=T0, jobs=specs[i:i + 100])
+    monkeypatch.setattr(snapshot, "_BLOCK", 4096)
+    threads_before = threading.active_count()
+
+    class FullDisk(io.BytesIO):
+        def write(self, data: bytes) -> int:
+            if self.tell() > 64 * 1024:
+                raise OSError(28, "No space left on device")
+            return super().write(data)
+
+    with pytest.raises(OSError, match="No space"):
+        snapshot._copy_through_pipe(d.store.env, FullDisk())
+    assert threading.active_count() == threads_before, "the copy thread ended"
+    d.store.close()
