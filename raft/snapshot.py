@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import struct
-import sys
 import threading
 import zlib
 from typing import Any
@@ -62,7 +61,6 @@ def _copy_through_pipe(env: lmdb.Environment, f: Any) -> tuple[int, int]:
 
     def copy() -> None:
         try:
-            background_priority()
             env.copyfd(write_fd, compact=True)
         except BaseException as exc:  # re-raised below, in the caller's thread
             failed.append(exc)
@@ -88,13 +86,6 @@ def _copy_through_pipe(env: lmdb.Environment, f: Any) -> tuple[int, int]:
     if failed:
         raise failed[0]
     return length, crc
-
-
-def background_priority() -> None:
-    """Lowest CPU priority for the calling thread (Linux nice values are per thread):
-    a snapshot copy must not take CPU from the threads that send heartbeats and apply."""
-    if sys.platform == "linux":
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def write(store: Store, path: str, data: tuple[Any, ...]) -> None:

@@ -63,7 +63,6 @@ class SnapshotWriter:
 
     def _copy(self, data: tuple[Any, ...]) -> None:
         try:
-            snapshot.background_priority()
             snapshot.write(self.store, self._next, data)
         except BaseException as exc:  # reported to the tick thread by state()
             self._error = exc
