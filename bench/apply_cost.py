@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from bench.common import uptime_line
+from bench.common import BenchError, uptime_line
 from schedulerd.jobspec import JOB_DEFAULTS
 from storage import fsm, ops, queries
 from storage.db import Store
@@ -72,9 +72,13 @@ def phases(replica: Replica, jobs: int) -> list[tuple[str, Callable[[], None]]]:
             tasks.extend(result["grants"][0][1])
 
     def ack() -> None:
+        acked = 0
         for batch in _chunks(tasks, ACK_BATCH):
-            replica.apply(Op.ACK, {"now": due + S, "worker_id": "worker-1",
-                                   "acks": [[t["run_id"], t["fence"], None] for t in batch]})
+            result = replica.apply(Op.ACK, {"now": due + S, "worker_id": "worker-1",
+                                            "acks": [[t["run_id"], t["fence"], None] for t in batch]})
+            acked += sum(1 for r in result["results"] if r["ok"])
+        if not len(run_ids) == len(tasks) == acked == jobs:
+            raise BenchError(f"of {jobs} jobs: {len(run_ids)} claimed, {len(tasks)} leased, {acked} acked")
 
     return [("create", create), ("claim", claim), ("lease", lease), ("ack", ack)]
 

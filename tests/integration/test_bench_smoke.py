@@ -29,3 +29,11 @@ def test_bench_scenario_runs_every_job_once(tmp_path: pathlib.Path, scenario: st
     assert stats["expected"] > 0 and stats["ran"] == stats["expected"], stats
     assert stats["missing"] == 0 and stats["duplicates"] == 0, stats
     assert "## " + scenario in proc.stdout
+
+
+def test_apply_cost_runs_every_phase(tmp_path: pathlib.Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.apply_cost", "--jobs", "300", "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for phase in ("create", "claim", "lease", "ack", "total"):
+        assert f"  {phase} " in proc.stdout
