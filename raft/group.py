@@ -13,8 +13,8 @@ from typing import Any, Callable
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from raft import journal, snapshot, snapshot_transfer
-from raft.snapshot_writer import SnapshotWriter
 from raft.conf import RaftConfig
+from raft.snapshot_writer import SnapshotWriter
 from storage import fsm
 from storage.db import Store
 from storage.ops import Op

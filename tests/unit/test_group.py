@@ -71,6 +71,13 @@ def single(tmp_path: pathlib.Path, rec: Recorder, port: int, **conf: Any) -> Gro
     return group
 
 
+def three_groups(tmp_path: pathlib.Path) -> list[Group]:
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    return [Group(0, RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
+                                data_dir=str(tmp_path / f"n{i}"), **FAST), on_fatal=pytest.fail)
+            for i in range(3)]
+
+
 def test_restart_replays_the_journal_without_applying_twice(tmp_path: pathlib.Path, loop) -> None:
     (port,) = free_ports(1)
     rec = Recorder()
@@ -222,11 +229,7 @@ def test_entries_of_any_size_up_to_entry_bytes_max_reach_every_follower(tmp_path
     sends an entry over appendEntriesBatchSizeBytes in pieces and marks the last piece
     by the command's length, not the pickled entry's. An entry just under a multiple of
     the piece size was unpickled cut short: an exception out of that follower's tick."""
-    ports = free_ports(3)
-    addrs = [f"127.0.0.1:{p}" for p in ports]
-    groups = [Group(0, RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
-                                  data_dir=str(tmp_path / f"n{i}"), **FAST), on_fatal=pytest.fail)
-              for i in range(3)]
+    groups = three_groups(tmp_path)
     try:
         wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
         leader = next(g for g in groups if g.is_leader())
@@ -298,11 +301,7 @@ def test_a_cut_off_leader_with_uncommitted_entries_catches_up_after_heal(tmp_pat
 
 
 def test_request_step_down_hands_leadership_to_a_follower(tmp_path: pathlib.Path, loop) -> None:
-    ports = free_ports(3)
-    addrs = [f"127.0.0.1:{p}" for p in ports]
-    groups = [Group(0, RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
-                                  data_dir=str(tmp_path / f"n{i}"), **FAST), on_fatal=pytest.fail)
-              for i in range(3)]
+    groups = three_groups(tmp_path)
     try:
         wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
         old = next(g for g in groups if g.is_leader())

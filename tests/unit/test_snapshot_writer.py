@@ -57,18 +57,28 @@ def test_the_first_snapshot_is_written_in_the_call(setup) -> None:
     assert writer.state() == SERIALIZER_STATE.NOT_SERIALIZING
 
 
-def test_the_previous_snapshot_stays_until_the_new_one_is_whole(setup, monkeypatch) -> None:
-    _, writer, final = setup
+def first_snapshot(writer: SnapshotWriter, final: pathlib.Path) -> None:
     pysyncobj_serialize(writer, final, FIRST)
-    writer.state()
+    assert writer.state() == SERIALIZER_STATE.SUCCESS
+
+
+def gated_copies(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Copies wait for the returned event before writing."""
     release = threading.Event()
     real_write = snapshot.write
 
-    def slow_write(store: Any, path: str, data: tuple[Any, ...]) -> None:
+    def gated(store: Any, path: str, data: tuple[Any, ...]) -> None:
         release.wait(10)
         real_write(store, path, data)
 
-    monkeypatch.setattr(snapshot, "write", slow_write)
+    monkeypatch.setattr(snapshot, "write", gated)
+    return release
+
+
+def test_the_previous_snapshot_stays_until_the_new_one_is_whole(setup, monkeypatch) -> None:
+    _, writer, final = setup
+    first_snapshot(writer, final)
+    release = gated_copies(monkeypatch)
     pysyncobj_serialize(writer, final, SECOND)  # returns at once; pysyncobj's rename changes nothing
     assert writer.state() == SERIALIZER_STATE.SERIALIZING
     assert last_index(final) == 5
@@ -81,8 +91,7 @@ def test_the_previous_snapshot_stays_until_the_new_one_is_whole(setup, monkeypat
 
 def test_a_failed_copy_keeps_the_previous_snapshot(setup, monkeypatch) -> None:
     _, writer, final = setup
-    pysyncobj_serialize(writer, final, FIRST)
-    writer.state()
+    first_snapshot(writer, final)
 
     def broken_write(store: Any, path: str, data: tuple[Any, ...]) -> None:
         pathlib.Path(path).write_bytes(b"half")
@@ -97,11 +106,8 @@ def test_a_failed_copy_keeps_the_previous_snapshot(setup, monkeypatch) -> None:
 
 def test_a_copy_overtaken_by_a_restore_is_dropped(setup, monkeypatch) -> None:
     _, writer, final = setup
-    pysyncobj_serialize(writer, final, FIRST)
-    writer.state()
-    release = threading.Event()
-    real_write = snapshot.write
-    monkeypatch.setattr(snapshot, "write", lambda store, path, data: (release.wait(10), real_write(store, path, data)))
+    first_snapshot(writer, final)
+    release = gated_copies(monkeypatch)
     pysyncobj_serialize(writer, final, SECOND)
     threading.Timer(0.2, release.set).start()
     writer.abandon()  # waits for the copy, then throws it away
