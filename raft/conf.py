@@ -33,6 +33,9 @@ class RaftConfig:
     # (pysyncobj's default is 64 KiB); also the socket buffer sizes. The leader queues
     # at most two pieces per follower (raft/snapshot_transfer.py).
     snapshot_chunk_bytes: int = 1 << 20
+    # Replicas compact at the same log index; each waits this much more than the one
+    # before it (followers first, the leader last) before copying its store.
+    snapshot_stagger_s: float = 10.0
     # Largest Raft entry, and the size of one append message. pysyncobj 0.3.17 sends a
     # bigger entry in pieces and marks its last piece wrongly (by the command's length,
     # not the pickled entry's): an entry just under a multiple of the piece size reached
@@ -54,6 +57,8 @@ class RaftConfig:
         if self.leader_fallback_s <= self.election_timeout_s_max:
             raise ValueError("leader_fallback_s must exceed election_timeout_s_max so a healthy "
                              "leader is not demoted before its followers would elect another")
+        if not 0 <= self.snapshot_stagger_s <= 300:
+            raise ValueError("snapshot_stagger_s must be within 0..300 seconds")
         if self.compaction_entries_min < 10:
             raise ValueError("compaction_entries_min must be at least 10")
         if not 1 <= self.groups <= 64:

@@ -111,7 +111,7 @@ class Group:
         self.self_addr, self.peers = conf.node_addrs(group_id)
         journal.install()
         journal_path = base + ".journal"
-        self._snapshots = SnapshotWriter(self.store, base + ".snapshot")
+        self._snapshots = SnapshotWriter(self.store, base + ".snapshot", self._snapshot_delay_s)
         sconf = SyncObjConf(
             journalFile=journal_path,
             fullDumpFile=base + ".snapshot",
@@ -199,6 +199,15 @@ class Group:
                 log.info("leader_changed group=%d leader=%s term=%d", self.group_id, leader.address,
                          self.replica.raftCurrentTerm)
             self._leader_seen = leader
+
+    def _snapshot_delay_s(self) -> float:
+        """This replica's place in the compaction order, times snapshot_stagger_s: the
+        followers in address order, then the leader (tick thread)."""
+        leader = self.replica._getLeader()
+        leader_addr = leader.address if leader is not None else None
+        order = sorted(a for a in [self.self_addr, *self.peers] if a != leader_addr)
+        place = order.index(self.self_addr) if self.self_addr in order else len(order)
+        return place * self.conf.snapshot_stagger_s
 
     def _write_snapshot(self, path: str, data: tuple[Any, ...]) -> None:
         self._commit_applied()

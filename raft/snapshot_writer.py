@@ -15,6 +15,11 @@ and fsynced. The new file is put in place by the checker, in the tick thread,
 so it can never race that rename. A store restored from a received snapshot
 meanwhile makes the copy in progress stale: it is waited for and thrown away.
 
+Replicas reach a compaction at the same log index. Copying at once, all three
+slow down together; one at a time, a majority is always at full speed. So a
+copy starts after `delay_s()` (the group puts followers first, one after the
+other, and the leader last).
+
 The first snapshot of a data dir (no previous one to keep) is written in the
 call, as before. The copy runs on its own LMDB read txn while apply goes on;
 it may hold entries after the ones named in its header, which replay skips."""
@@ -23,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from pysyncobj import SERIALIZER_STATE
 
@@ -34,9 +39,11 @@ log = logging.getLogger("schedulerd.snapshot")
 
 
 class SnapshotWriter:
-    def __init__(self, store: Store, path: str) -> None:
+    def __init__(self, store: Store, path: str, delay_s: Callable[[], float] = lambda: 0.0) -> None:
         self.store = store
         self.path = path
+        self._delay_s = delay_s
+        self._cancel = threading.Event()
         self._next = path + ".next"
         self._tmp_link = path + ".tmp"
         self._thread: threading.Thread | None = None
@@ -58,10 +65,15 @@ class SnapshotWriter:
             os.remove(tmp_path)
         os.link(self.path, tmp_path)
         self._error = None
-        self._thread = threading.Thread(target=self._copy, args=(data,), name="snapshot-writer", daemon=True)
+        self._cancel.clear()
+        self._thread = threading.Thread(target=self._copy, args=(data, self._delay_s()), name="snapshot-writer",
+                                        daemon=True)
         self._thread.start()
 
-    def _copy(self, data: tuple[Any, ...]) -> None:
+    def _copy(self, data: tuple[Any, ...], delay_s: float) -> None:
+        if self._cancel.wait(delay_s):
+            self._error = RuntimeError("abandoned before it started")
+            return
         try:
             snapshot.write(self.store, self._next, data)
         except BaseException as exc:  # reported to the tick thread by state()
@@ -92,6 +104,7 @@ class SnapshotWriter:
         """Wait for a copy in progress and drop it (before a restore replaces the store, or at close)."""
         thread, self._thread = self._thread, None
         if thread is not None:
+            self._cancel.set()
             thread.join()
             if os.path.lexists(self._tmp_link):
                 os.remove(self._tmp_link)

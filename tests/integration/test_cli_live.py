@@ -53,9 +53,12 @@ def test_runs_follow_prints_each_change_and_top_shows_queues(make_cluster) -> No
     node = make_cluster(1).nodes[0]
     now = datetime.now(timezone.utc).isoformat()
     assert node.post("/v1/jobs", {"job_id": "watched", "schedule": {"at": now}, "queue": "later"})[0] == 201
+    # Ctrl-C is what stops --follow; a suite started in the background (`cmd &` without
+    # job control) passes SIGINT down ignored, so give the child the terminal's default.
     follow = subprocess.Popen([sys.executable, "-m", "cli.main", "--server", node.url, "runs", "watched",
                                "--follow", "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(follow.stdout.readline, "")), daemon=True)
     reader.start()

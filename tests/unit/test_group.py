@@ -22,7 +22,7 @@ from tests.integration.harness import free_ports, wait_until
 from tests.unit.fsm_driver import S, T0
 
 FAST = dict(election_timeout_s_min=0.3, election_timeout_s_max=0.6, leader_fallback_s=1.0,
-            append_entries_period_s=0.05)
+            append_entries_period_s=0.05, snapshot_stagger_s=0.2)
 
 
 def create_blob(job_id: str) -> bytes:
@@ -295,6 +295,19 @@ def test_a_cut_off_leader_with_uncommitted_entries_catches_up_after_heal(tmp_pat
         wait_until(lambda: old.store.last_applied() == new.store.last_applied(), 20,
                    "the former leader to converge")
         assert job_count(old) == job_count(new) == 41
+    finally:
+        for g in groups:
+            g.destroy()
+
+
+def test_followers_copy_their_snapshots_first_and_one_at_a_time(tmp_path: pathlib.Path) -> None:
+    groups = three_groups(tmp_path)
+    try:
+        wait_until(lambda: all(g.status()["leader"] is not None for g in groups), 15, "a leader everyone knows")
+        leader = next(g for g in groups if g.is_leader())
+        followers = sorted((g for g in groups if g is not leader), key=lambda g: g.self_addr)
+        stagger = leader.conf.snapshot_stagger_s
+        assert [g._snapshot_delay_s() for g in (*followers, leader)] == [0.0, stagger, 2 * stagger]
     finally:
         for g in groups:
             g.destroy()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -115,3 +116,17 @@ def test_a_copy_overtaken_by_a_restore_is_dropped(setup, monkeypatch) -> None:
     assert writer.state() == SERIALIZER_STATE.FAILED  # pysyncobj must hear an outcome to compact again
     assert writer.state() == SERIALIZER_STATE.NOT_SERIALIZING
     assert not os.path.exists(str(final) + ".next")
+
+
+def test_a_copy_waits_its_turn_and_an_abandon_does_not_wait_for_it(tmp_path: pathlib.Path) -> None:
+    d = Driver(str(tmp_path / "lmdb"))
+    final = tmp_path / "group-0.snapshot"
+    writer = SnapshotWriter(d.store, str(final), delay_s=lambda: 60.0)
+    first_snapshot(writer, final)
+    pysyncobj_serialize(writer, final, SECOND)
+    assert writer.state() == SERIALIZER_STATE.SERIALIZING
+    started = time.monotonic()
+    writer.abandon()
+    assert time.monotonic() - started < 5
+    assert last_index(final) == 5 and writer.state() == SERIALIZER_STATE.FAILED
+    d.store.close()
