@@ -46,6 +46,9 @@ class SnapshotWriter:
         self._cancel = threading.Event()
         self._next = path + ".next"
         self._tmp_link = path + ".tmp"
+        self._retired = path + ".retired"
+        if os.path.exists(self._retired):  # left by a stop before its removal ran
+            os.remove(self._retired)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._finished: int | None = None  # a SERIALIZER_STATE to report once
@@ -90,15 +93,26 @@ class SnapshotWriter:
         if thread.is_alive():
             return SERIALIZER_STATE.SERIALIZING
         self._thread = None
-        if os.path.lexists(self._tmp_link):
-            os.remove(self._tmp_link)
         if self._error is not None:
             log.error("snapshot_failed path=%s error=%r", self.path, self._error)
+            self._remove_tmp_link()
             self._discard_next()
             return SERIALIZER_STATE.FAILED
         os.replace(self._next, self.path)
         snapshot.fsync_dir(self.path)
+        self._retire_previous()
         return SERIALIZER_STATE.SUCCESS
+
+    def _remove_tmp_link(self) -> None:
+        if os.path.lexists(self._tmp_link):
+            os.remove(self._tmp_link)
+
+    def _retire_previous(self) -> None:
+        """Drop the previous snapshot's last link off the tick thread: freeing a 740 MB
+        file's extents is a slow unlink."""
+        if os.path.lexists(self._tmp_link):
+            os.replace(self._tmp_link, self._retired)
+            threading.Thread(target=os.remove, args=(self._retired,), name="snapshot-retire", daemon=True).start()
 
     def abandon(self) -> None:
         """Wait for a copy in progress and drop it (before a restore replaces the store, or at close)."""
@@ -106,8 +120,7 @@ class SnapshotWriter:
         if thread is not None:
             self._cancel.set()
             thread.join()
-            if os.path.lexists(self._tmp_link):
-                os.remove(self._tmp_link)
+            self._remove_tmp_link()
             self._discard_next()
             log.info("snapshot_abandoned path=%s: a restore or shutdown came before the copy was done", self.path)
             self._finished = SERIALIZER_STATE.FAILED

@@ -46,6 +46,10 @@ def finished(writer: SnapshotWriter) -> int:
     return states[-1]
 
 
+def snapshot_files(final: pathlib.Path) -> list[str]:
+    return sorted(p.name for p in final.parent.iterdir() if p.name.startswith(final.name))
+
+
 def last_index(path: pathlib.Path) -> int:
     return snapshot.read_header(str(path))[0]["last"][1]
 
@@ -86,7 +90,7 @@ def test_the_previous_snapshot_stays_until_the_new_one_is_whole(setup, monkeypat
     release.set()
     assert finished(writer) == SERIALIZER_STATE.SUCCESS
     assert last_index(final) == 9
-    assert sorted(p.name for p in final.parent.iterdir() if p.name.startswith(final.name)) == [final.name]
+    wait_until(lambda: snapshot_files(final) == [final.name], 10, "the previous snapshot to be removed")
     assert writer.state() == SERIALIZER_STATE.NOT_SERIALIZING
 
 
@@ -102,7 +106,7 @@ def test_a_failed_copy_keeps_the_previous_snapshot(setup, monkeypatch) -> None:
     pysyncobj_serialize(writer, final, SECOND)
     assert finished(writer) == SERIALIZER_STATE.FAILED
     assert last_index(final) == 5
-    assert sorted(p.name for p in final.parent.iterdir() if p.name.startswith(final.name)) == [final.name]
+    assert snapshot_files(final) == [final.name]
 
 
 def test_a_copy_overtaken_by_a_restore_is_dropped(setup, monkeypatch) -> None:
