@@ -54,24 +54,29 @@ class SnapshotWriter:
         self._finished: int | None = None  # a SERIALIZER_STATE to report once
 
     def write(self, tmp_path: str, data: tuple[Any, ...]) -> None:
-        """pysyncobj's serializer (tick thread): start a snapshot as of the last applied entry."""
-        if not os.path.exists(self.path):
-            try:
+        """pysyncobj's serializer (tick thread): start a snapshot as of the last applied entry.
+
+        A failure here is raised (pysyncobj then leaves its .tmp alone) and reported
+        as FAILED by the next state(): pysyncobj waits for an outcome before it
+        compacts again, so a missing one would stop compaction for good."""
+        try:
+            if not os.path.exists(self.path):
                 snapshot.write(self.store, tmp_path, data)
-            except Exception:
-                self._finished = SERIALIZER_STATE.FAILED
-                raise
-            self._finished = SERIALIZER_STATE.SUCCESS
-            return
-        self._tmp_link = tmp_path
-        if os.path.lexists(tmp_path):
-            os.remove(tmp_path)
-        os.link(self.path, tmp_path)
-        self._error = None
-        self._cancel.clear()
-        self._thread = threading.Thread(target=self._copy, args=(data, self._delay_s()), name="snapshot-writer",
-                                        daemon=True)
-        self._thread.start()
+                self._finished = SERIALIZER_STATE.SUCCESS
+                return
+            self._tmp_link = tmp_path
+            if os.path.lexists(tmp_path):
+                os.remove(tmp_path)
+            os.link(self.path, tmp_path)
+            self._error = None
+            self._cancel.clear()
+            self._thread = threading.Thread(target=self._copy, args=(data, self._delay_s()),
+                                            name="snapshot-writer", daemon=True)
+            self._thread.start()
+        except Exception as exc:
+            log.error("snapshot_failed path=%s error=%r", self.path, exc)
+            self._finished = SERIALIZER_STATE.FAILED
+            raise
 
     def _copy(self, data: tuple[Any, ...], delay_s: float) -> None:
         if self._cancel.wait(delay_s):
@@ -83,7 +88,8 @@ class SnapshotWriter:
             self._error = exc
 
     def state(self) -> int:
-        """pysyncobj's serializeChecker (tick thread)."""
+        """pysyncobj's serializeChecker (tick thread). Never raises: an exception out of
+        pysyncobj's tick would stop the node's Raft work."""
         if self._finished is not None:
             finished, self._finished = self._finished, None
             return finished
@@ -93,15 +99,25 @@ class SnapshotWriter:
         if thread.is_alive():
             return SERIALIZER_STATE.SERIALIZING
         self._thread = None
-        if self._error is not None:
-            log.error("snapshot_failed path=%s error=%r", self.path, self._error)
+        error = self._error
+        if error is None:
+            try:
+                os.replace(self._next, self.path)
+                snapshot.fsync_dir(self.path)
+                self._retire_previous()
+                return SERIALIZER_STATE.SUCCESS
+            except Exception as exc:
+                error = exc
+        log.error("snapshot_failed path=%s error=%r", self.path, error)
+        self._clean_up_failed()
+        return SERIALIZER_STATE.FAILED
+
+    def _clean_up_failed(self) -> None:
+        try:
             self._remove_tmp_link()
             self._discard_next()
-            return SERIALIZER_STATE.FAILED
-        os.replace(self._next, self.path)
-        snapshot.fsync_dir(self.path)
-        self._retire_previous()
-        return SERIALIZER_STATE.SUCCESS
+        except OSError as exc:
+            log.error("snapshot_cleanup_failed path=%s error=%r", self.path, exc)
 
     def _remove_tmp_link(self) -> None:
         if os.path.lexists(self._tmp_link):
@@ -120,8 +136,7 @@ class SnapshotWriter:
         if thread is not None:
             self._cancel.set()
             thread.join()
-            self._remove_tmp_link()
-            self._discard_next()
+            self._clean_up_failed()
             log.info("snapshot_abandoned path=%s: a restore or shutdown came before the copy was done", self.path)
             self._finished = SERIALIZER_STATE.FAILED
 

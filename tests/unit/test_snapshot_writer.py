@@ -134,3 +134,34 @@ def test_a_copy_waits_its_turn_and_an_abandon_does_not_wait_for_it(tmp_path: pat
     assert time.monotonic() - started < 5
     assert last_index(final) == 5 and writer.state() == SERIALIZER_STATE.FAILED
     d.store.close()
+
+
+def test_a_snapshot_that_cannot_start_is_reported_failed_and_compaction_goes_on(setup, monkeypatch) -> None:
+    _, writer, final = setup
+    first_snapshot(writer, final)
+
+    def no_links(src: str, dst: str) -> None:
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with pytest.raises(OSError):  # pysyncobj catches it and leaves its .tmp alone
+        writer.write(str(final) + ".tmp", SECOND)
+    assert writer.state() == SERIALIZER_STATE.FAILED
+    monkeypatch.undo()
+    pysyncobj_serialize(writer, final, SECOND)
+    assert finished(writer) == SERIALIZER_STATE.SUCCESS and last_index(final) == 9
+
+
+def test_a_copy_that_cannot_be_put_in_place_fails_without_raising(setup, monkeypatch) -> None:
+    _, writer, final = setup
+    first_snapshot(writer, final)
+    pysyncobj_serialize(writer, final, SECOND)
+    wait_until(lambda: writer._thread is not None and not writer._thread.is_alive(), 10, "the copy")
+
+    def no_rename(src: str, dst: str) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "replace", no_rename)
+    assert writer.state() == SERIALIZER_STATE.FAILED
+    assert last_index(final) == 5
+    assert not os.path.exists(str(final) + ".next")
