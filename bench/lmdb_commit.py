@@ -1,7 +1,7 @@
 """What one LMDB write transaction costs on this disk, sync=True vs sync=False,
-by transaction size: the apply of every Raft entry is one such transaction on the
-pysyncobj tick thread of every node (storage/fsm.py, storage/db.py opens with
-sync=True, metasync=False).
+by transaction size: the entries of one Raft tick are one such transaction on the
+pysyncobj tick thread of every node (storage/fsm.py; storage/db.py opens with
+sync=False where the kernel gives a boot id, storage/bootmark.py).
 
     python -m bench.lmdb_commit [--data-root DIR] [--rounds 60] [--preload 50000]
 

@@ -76,8 +76,8 @@ def schedstat(pid: int) -> dict[int, tuple[int, int]]:
 # (label, substring of the joined stack or of the leaf frame): the pysyncobj tick thread.
 TICK_PHASES = [
     ("idle: waiting on sockets (pysyncobj poller)", "leaf", "poller.py"),
-    ("LMDB write txn commit, sync=True (fsync) [storage/fsm.py `with store.write()`]", "leaf", "fsm.py:55"),
-    ("LMDB write txn begin", "leaf", "Store.write (storage/db.py"),
+    ("LMDB commit of the tick's txn [storage/db.py Store.commit_applied]", "leaf", "Store.commit_applied"),
+    ("LMDB write txn begin", "leaf", "Store.apply_txn (storage/db.py"),
     ("journal fdatasync / meta rename [raft/journal.py]", "stack", "raft/journal.py"),
     ("apply: Python work of the state machine (decode, records, msgpack)", "stack", "__applyLogEntries"),
     ("send to followers (pickle + socket)", "stack", "__sendAppendEntries"),

@@ -57,6 +57,8 @@ class RaftConfig:
         if self.leader_fallback_s <= self.election_timeout_s_max:
             raise ValueError("leader_fallback_s must exceed election_timeout_s_max so a healthy "
                              "leader is not demoted before its followers would elect another")
+        if self.entry_bytes_max < 64 << 10:
+            raise ValueError("entry_bytes_max must be at least 64 KiB")
         if not 0 <= self.snapshot_stagger_s <= 300:
             raise ValueError("snapshot_stagger_s must be within 0..300 seconds")
         if self.compaction_entries_min < 10:

@@ -23,3 +23,8 @@ def test_the_defaults_fit_in_one_raft_entry() -> None:
 def test_limits_that_could_build_an_entry_over_entry_bytes_max_are_refused(limits: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="entry_bytes_max"):
         config(**limits).validate()
+
+
+def test_a_raft_entry_size_below_64_kib_is_refused() -> None:
+    with pytest.raises(ValueError, match="entry_bytes_max must be at least 64 KiB"):
+        RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", entry_bytes_max=1024).validate()
