@@ -97,4 +97,8 @@ class LeaseQueue:
         finally:
             self._in_flight.difference_update(run_ids)
         self.leased += len(granted)
-        return [views.task(t) for t in granted]
+        # Apply grants run records only; the payload is read here, once, from this
+        # node's replica (it has applied the grant), not in apply on every replica.
+        with self.node.read(group) as (txn, tables):
+            jobs = {t["job_id"]: queries.get_job(txn, tables, t["job_id"]) for t in granted}
+        return [views.task(t, jobs[t["job_id"]]) for t in granted]

@@ -71,7 +71,9 @@ def idempotency_key(job_id: str, scheduled_us: int) -> str:
     return f"{job_id}:{to_iso(scheduled_us)}"
 
 
-def task(rec: dict[str, Any]) -> dict[str, Any]:
+def task(rec: dict[str, Any], job: dict[str, Any] | None) -> dict[str, Any]:
+    """A leased run as its worker gets it, with its job's payload and target (None: a job
+    no longer stored, which leaves a payload of null)."""
     return outward({
         "run_id": rec["run_id"],
         "job_id": rec["job_id"],
@@ -81,7 +83,7 @@ def task(rec: dict[str, Any]) -> dict[str, Any]:
         "fence": rec["fence"],
         "idempotency_key": idempotency_key(rec["job_id"], rec["scheduled_us"]),
         "lease_until": to_iso(rec["lease_until_us"]),
-        "payload": json.loads(rec["payload_json"]),
-        "target": rec.get("target"),
+        "payload": json.loads(job["payload_json"]) if job is not None else None,
+        "target": job.get("target") if job is not None else None,
         "timeout_s": _seconds(rec.get("timeout_us")),
     })

@@ -137,6 +137,8 @@ def _new_run(ctx: Ctx, job: Record, scheduled_us: int, now: int, state: RunState
         "available_us": available_us, "worker_id": None, "fence": 0, "lease_until_us": None,
         "attempt_deadline_us": None, "created_us": now, "finished_us": None, "result_json": None,
         "error": None, "reason": None, "trigger": False,
+        # Fixed at claim like the fields above: the lease checks it without reading the job.
+        "starting_deadline_us": job.get("starting_deadline_us"),
     }
 
 

@@ -14,7 +14,11 @@ from storage.records import Ctx, Record
 
 
 def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    """Grant each worker the runs proposed for it that are still leasable now."""
+    """Grant each worker the runs proposed for it that are still leasable now.
+
+    The grants are run records: the node that proposed the entry adds each job's
+    payload from its own replica (`lease_queue`), so no replica reads the job
+    record in apply, the one thread every entry waits on."""
     now, lease_until = cmd["now"], cmd["lease_until"]
     grants = []
     skipped = 0
@@ -24,8 +28,7 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             run = records.get_run(ctx, run_id)
             if run is None or run["state"] not in LEASABLE_RUN_STATES or run["available_us"] > now:
                 continue
-            job = records.get_job(ctx, run["job_id"])
-            deadline = job.get("starting_deadline_us") if job else None
+            deadline = run["starting_deadline_us"] if "starting_deadline_us" in run else _job_deadline(ctx, run)
             if run["attempt"] == 0 and deadline is not None and run["scheduled_us"] + deadline < now \
                     and not run.get("trigger"):
                 records.update_run(ctx, run, dict(run, state=run_transition(run["state"], RunEvent.MISSED_DEADLINE),
@@ -37,10 +40,15 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                          worker_id=worker_id, fence=ctx.index, attempt_deadline_us=attempt_deadline,
                          lease_until_us=_capped(lease_until, attempt_deadline))
             records.update_run(ctx, run, after)
-            tasks.append(dict(after, payload_json=job["payload_json"] if job else "null",
-                              target=job.get("target") if job else None))
+            tasks.append(after)
         grants.append([worker_id, tasks])
     return {"grants": grants, "skipped": skipped, "now": now}
+
+
+def _job_deadline(ctx: Ctx, run: Record) -> int | None:
+    """The starting deadline of a run claimed by a build that did not copy it onto the run."""
+    job = records.get_job(ctx, run["job_id"])
+    return job.get("starting_deadline_us") if job else None
 
 
 def _capped(lease_until: int, attempt_deadline: int | None) -> int:

@@ -279,7 +279,7 @@ class Model:
                "timeout_us": job["timeout_us"], "available_us": avail[1] if avail[0] == "exact" else None,
                "avail_check": None if avail[0] == "exact" else avail, "worker_id": None, "fence": 0,
                "lease_until_us": None, "attempt_deadline_us": None, "finished_us": None, "reason": None,
-               "trigger": False}
+               "trigger": False, "starting_deadline_us": job["starting_deadline_us"]}
         self.runs[run["run_id"]] = run
         return run
 
@@ -302,7 +302,7 @@ class Model:
                 run = self.runs.get(run_id)
                 if run is None or run["state"] not in PENDING or run["available_us"] > now:
                     continue
-                deadline = self.jobs[run["job_id"]]["starting_deadline_us"]
+                deadline = run["starting_deadline_us"]  # the job's at claim time
                 if run["attempt"] == 0 and deadline is not None and run["scheduled_us"] + deadline < now \
                         and not run["trigger"]:
                     run.update(state="skipped", reason="deadline", finished_us=now)

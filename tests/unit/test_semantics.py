@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+from storage import keys, records
 from storage.model import JobState, RunState
 from storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
@@ -96,6 +97,28 @@ def test_starting_deadline_at_claim_and_at_lease(d: Driver) -> None:
     (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["b", T0 + 10 * S]])["runs"]
     assert d.lease(T0 + 13 * S, run_ids=[run_id]) == []
     assert d.run(run_id)["state"] == RunState.SKIPPED and d.run(run_id)["reason"] == "deadline"
+
+
+def test_starting_deadline_is_the_jobs_at_claim_time(d: Driver) -> None:
+    """A claimed run keeps its job's definition (update_job): the deadline too."""
+    d.create("a", {"kind": "at", "at_us": T0 + 10 * S}, starting_deadline_us=2 * S)
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["a", T0 + 10 * S]])["runs"]
+    assert d.apply(Op.UPDATE_JOB, now=T0 + 9 * S, job_id="a",
+                   changes={"starting_deadline_us": 60 * S})["ok"]
+    assert d.lease(T0 + 13 * S, run_ids=[run_id]) == []
+    assert d.run(run_id)["reason"] == "deadline"
+
+
+def test_a_run_claimed_without_its_own_deadline_uses_the_jobs(d: Driver) -> None:
+    """Runs claimed by a build that did not copy the deadline onto the run still honour it."""
+    d.create("a", {"kind": "at", "at_us": T0 + 10 * S}, starting_deadline_us=2 * S)
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["a", T0 + 10 * S]])["runs"]
+    with d.store.env.begin(write=True) as txn:
+        run = records.unpack(txn.get(keys.run_key(run_id), db=d.store.tables.runs))
+        del run["starting_deadline_us"]
+        txn.put(keys.run_key(run_id), records.pack(run), db=d.store.tables.runs)
+    assert d.lease(T0 + 13 * S, run_ids=[run_id]) == []
+    assert d.run(run_id)["reason"] == "deadline"
 
 
 def test_overlap_skip_records_skipped_runs_while_one_is_open(d: Driver) -> None:
