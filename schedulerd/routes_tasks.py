@@ -70,8 +70,8 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         raw = req.items(data, "acks", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
         acks = [(req.string(item, "run_id"), req.fence(item), req.result_json(item, limits.result_bytes_max))
                 for item in _objects(raw, "acks")]
-        results = await _ack(node, commits, worker_id, _mine(node, request, acks))
-        return web.json_response({"results": [{k: v for k, v in r.items() if k != "run"} for r in results]})
+        results = await _ack(node, commits, worker_id, _mine(node, request, acks), with_runs=False)
+        return web.json_response({"results": results})
 
     async def nack(request: web.Request) -> web.Response:
         data = await req.body(request)
@@ -173,13 +173,14 @@ async def _heartbeat(node: Node, commits: TaskCommits, worker_id: str,
     return out
 
 
-async def _ack(node: Node, commits: TaskCommits, worker_id: str,
-               acks: list[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
+async def _ack(node: Node, commits: TaskCommits, worker_id: str, acks: list[tuple[str, int, str | None]],
+               with_runs: bool = True) -> list[dict[str, Any]]:
+    """Per ack its result; with_runs adds the acked run's view (the batch route answers without)."""
     out: list[dict[str, Any]] = [{}] * len(acks)
     for group_id, positions in _by_group(node, acks).items():
         results = await commits.acks.submit(node.groups[group_id], [[*acks[p], worker_id] for p in positions])
         for position, r in zip(positions, results):
             out[position] = _item_result(r)
-            if r["ok"]:
+            if r["ok"] and with_runs:
                 out[position]["run"] = views.run(r["run"])
     return out
