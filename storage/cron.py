@@ -39,6 +39,7 @@ _PROBE_S = 6 * 3600
 # (about 150 steps), so hitting this means a bug, not a rare schedule.
 _STEPS_MAX = 10_000
 _CRON_CACHE_MAX = 4096
+_NEXT_CACHE_MAX = 8192
 _ZONE_YEARS_CACHE_MAX = 1024
 _ALL_HOURS = frozenset(range(24))
 _HOUR_FIELD = 1  # croniter's `expanded` is [minute, hour, day, month, weekday(, second)]
@@ -128,6 +129,10 @@ class _Segment:
     repeat_until_us: int
 
 
+# Jobs sharing an expression and zone fire at the same instants (10,000 jobs on
+# `0 0 * * *` in one zone at midnight): their claims all ask for the same next
+# time, ~40 µs each on every replica, in the apply thread. Pure, so memoized.
+@lru_cache(maxsize=_NEXT_CACHE_MAX)
 def _cron_next(expr: str, seconds: bool, tz: str, after_us: int) -> int | None:
     """The first fire time of a cron schedule strictly after after_us, by the DST rules
     in the module docstring. Walks the UTC timeline one constant-offset segment at a time."""

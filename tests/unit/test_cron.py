@@ -362,6 +362,7 @@ def test_next_after_is_strictly_later_and_the_first_such(expr, tz, after):
         if after <= probe < fire:
             assert cron.next_after(schedule, probe) == fire
     assert cron.next_after(schedule, after) == fire  # deterministic, cache or not
+    assert cron._cron_next.__wrapped__(schedule["cron"], schedule["seconds"], tz, after) == fire  # memo = fresh
 
 
 def test_is_fast_enough_for_raft_apply():
