@@ -224,7 +224,7 @@ class SdSystem:
     name = "schedulerd"
     replicated = "3 replicas (Raft), journal fdatasync + LMDB sync on every node"
 
-    def __init__(self, run_dir: str, workers: int = 4, concurrency: int = 300, in_flight: int = 16) -> None:
+    def __init__(self, run_dir: str, workers: int = 4, concurrency: int = 1500, in_flight: int = 16) -> None:
         self.dir = os.path.join(run_dir, "schedulerd")
         self.cluster = SdCluster(self.dir)
         self.fleet = WorkerFleet(self.cluster.urls, os.path.join(self.dir, "workers"), workers, concurrency)

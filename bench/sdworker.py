@@ -3,7 +3,7 @@ async handler that records (run_id, job_id, scheduled time, start time), and
 the time each ack was accepted (the SDK's `task_acked` log event).
 
     python -m bench.sdworker --servers URL,URL,URL --queue bench --out PREFIX
-        [--concurrency 300] [--lifetime-s 900]
+        [--concurrency 1500] [--lifetime-s 900]
 
 Writes PREFIX.starts.tsv (run_id, job_id, scheduled_s, start_s) and PREFIX.acks.tsv
 (run_id, ack_s), appended every FLUSH_S so the parent can follow progress.
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", required=True)
     p.add_argument("--queue", default="bench")
     p.add_argument("--out", required=True, help="file prefix")
-    p.add_argument("--concurrency", type=int, default=300)
+    p.add_argument("--concurrency", type=int, default=1500)
     p.add_argument("--wait-s", type=float, default=5.0)
     p.add_argument("--lifetime-s", type=float, default=900.0)
     a = p.parse_args(argv)

@@ -25,13 +25,15 @@ from urllib.parse import quote
 import aiohttp
 
 from schedulerd import timefmt
-from schedulerd.errors import (Conflict, InvalidRequest, SchedulerError, StaleFence, TooLarge,
+from schedulerd.errors import (Conflict, InvalidRequest, LimitExceeded, SchedulerError, StaleFence, TooLarge,
                                Unavailable, from_wire)
 from schedulerd.worker_acks import AckBatcher
 
 log = logging.getLogger("schedulerd.worker")
 
-LEASE_BATCH_MAX = 100  # server's max_tasks limit per poll
+# The server's default lease_batch_max: most tasks one poll asks for. A server
+# configured lower answers limit_exceeded, and the poll size for it is halved.
+LEASE_BATCH_MAX = 500
 ERROR_BYTES_MAX = 4096  # nack error text, head line plus innermost frames
 _ERROR_HEAD_BYTES_MAX = 1024  # so a huge message cannot crowd out the traceback
 _TRACEBACK_FRAMES_MAX = 8
@@ -117,7 +119,8 @@ class Worker:
         self._handlers: dict[str, Handler] = {}
         # Split the slots between the servers so one idle node's long-poll cannot hold
         # them all while another node has work; a loop whose poll returns re-reserves.
-        self._poll_share = max(1, min(LEASE_BATCH_MAX, concurrency // len(self.servers)))
+        share = max(1, min(LEASE_BATCH_MAX, concurrency // len(self.servers)))
+        self._poll_max = {server: share for server in self.servers}
         self._lock = threading.Lock()  # guards _loop/_stop_requested against stop() from threads
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested = False
@@ -229,9 +232,20 @@ class Worker:
     async def _poll_loop(self, server: str) -> None:
         backoff = _backoff_s()
         while True:
-            held = await self._reserve_slots()
+            held = await self._reserve_slots(self._poll_max[server])
             try:
                 tasks = await self._poll(server, held)
+            except LimitExceeded as exc:
+                self._release_slots(held)
+                if held > 1 and "lease_batch_max" in exc.message:
+                    self._poll_max[server] = held // 2
+                    log.warning("poll_size_lowered server=%s max_tasks=%d error=%s",
+                                server, held // 2, _describe(exc))
+                    continue
+                self.stats.poll_errors += 1
+                log.error("poll_failed server=%s error=%s", server, _describe(exc))
+                await asyncio.sleep(next(backoff))
+                continue
             except (*_TRANSIENT, SchedulerError) as exc:
                 self._release_slots(held)
                 self.stats.poll_errors += 1
@@ -246,12 +260,12 @@ class Worker:
             backoff = _backoff_s()
             self._release_slots(held - self._start_tasks(server, tasks, held))
 
-    async def _reserve_slots(self) -> int:
-        """Wait for one free slot, then take more while they are free, up to the
-        share. Tasks a poll returns can start at once: none waits locally on its lease."""
+    async def _reserve_slots(self, most: int) -> int:
+        """Wait for one free slot, then take more while they are free, up to `most`.
+        Tasks a poll returns can start at once: none waits locally on its lease."""
         await self._slots.acquire()
         held = 1
-        while held < self._poll_share and not self._slots.locked():
+        while held < most and not self._slots.locked():
             await self._slots.acquire()  # free, so this does not suspend
             held += 1
         return held

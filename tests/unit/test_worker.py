@@ -49,6 +49,7 @@ class FakeCluster:
         self.lease_s = lease_s
         self.any_queue = False  # deliver tasks of queues the poll did not ask for
         self.result_bytes_max = 16 * 1024
+        self.lease_batch_max = 500
         self.lock = threading.Lock()
         self.queued: list[dict[str, Any]] = []
         self.leased: dict[str, dict[str, Any]] = {}
@@ -154,9 +155,13 @@ class FakeNode:
 
     async def poll(self, request: web.Request) -> web.Response:
         body = await request.json()
-        if not 1 <= body["max_tasks"] <= 100 or not 0 <= body["wait_s"] <= 30:
+        if not 1 <= body["max_tasks"] <= self.cluster.lease_batch_max:
+            return self.reply("poll", body, 400, {"error": {
+                "code": "limit_exceeded",
+                "message": f"max_tasks={body['max_tasks']} is over lease_batch_max ({self.cluster.lease_batch_max})"}})
+        if not 0 <= body["wait_s"] <= 30:
             return self.reply("poll", body, 400, {"error": {"code": "limit_exceeded",
-                                                           "message": "max_tasks or wait_s"}})
+                                                           "message": "wait_s is over long_poll_s_max (30)"}})
         deadline = time.monotonic() + body["wait_s"]
         self.cluster.active_polls += 1
         try:
@@ -386,6 +391,29 @@ def test_concurrency_limit_holds_across_servers(net):
     assert all(1 <= b["max_tasks"] <= 3 for b in cluster.bodies("poll"))
     assert {cluster.delivered_by[r] for r in (b["run_id"] for b in cluster.bodies("ack"))} \
         == {n.url for n in nodes}  # both loops did work
+
+
+def test_a_server_with_a_lower_lease_batch_max_gets_smaller_polls(net, caplog):
+    """A server configured below the SDK's poll size answers limit_exceeded: the worker
+    halves its polls to that server until they fit, and keeps working."""
+    caplog.set_level(logging.WARNING, logger=LOG)
+    cluster = FakeCluster()
+    cluster.lease_batch_max = 100
+    worker = Worker([net.node(cluster).url], concurrency=400, wait_s=1.0)
+
+    @worker.handler("work")
+    async def work(task: Task) -> None:
+        pass
+
+    for _ in range(150):
+        cluster.add("work")
+    net.run(worker)
+    wait_until(lambda: worker.stats.acked == 150, what="150 acks")
+
+    asked = [(b["max_tasks"], s) for k, _, b, s in cluster.events if k == "poll"]
+    assert asked[:3] == [(400, 400), (200, 400), (100, 200)]
+    assert all(n <= 100 for n, _ in asked[3:]) and worker.stats.poll_errors == 0
+    assert sum("poll_size_lowered" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_dead_server_does_not_stop_the_worker(net, caplog):
