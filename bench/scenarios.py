@@ -62,7 +62,7 @@ class Options:
     run_dir: str
     peers: list[str]
     workers: int = 4
-    worker_concurrency: int = 300
+    worker_concurrency: int = 1500
     in_flight: int = 16
     profile_s: float = 0.0
 
