@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from bench import profile, scenarios, sd_scenarios
-from bench.common import BenchError, uptime_line
+from bench.common import WORKER_SLOTS, BenchError, uptime_line
 from bench.scenarios import Options
 
 NOT_DISK_FS = {"tmpfs", "ramfs"}
@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--peers", default="", help="comma list: apscheduler,celery (default: schedulerd only)")
     common.add_argument("--workers", type=int, default=4, help="schedulerd worker processes (the SDK)")
-    common.add_argument("--worker-concurrency", type=int, default=1500, help="task slots per worker process")
+    common.add_argument("--worker-concurrency", type=int, default=WORKER_SLOTS, help="task slots per worker process")
     common.add_argument("--in-flight", type=int, default=16, help="concurrent create requests of the feeder")
     common.add_argument("--data-root", default=tempfile.gettempdir(), help="run dirs go here (a real disk)")
     common.add_argument("--keep", action="store_true", help="keep the run dir (logs, data, worker records)")

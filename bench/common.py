@@ -18,6 +18,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 # A run counts as "on time" for --find-max when its p99 lateness stays below this.
 FIND_MAX_P99_S_MAX = 1.0
+# Task slots per schedulerd worker process. The handler is an async no-op, so a slot
+# costs nothing; at 300 a poll to each of three nodes asked for at most 100 tasks.
+WORKER_SLOTS = 1500
 
 
 class BenchError(Exception):

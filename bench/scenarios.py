@@ -13,7 +13,7 @@ from typing import Any, Callable
 from bench import profile
 from bench.aps_peer import ApsSystem
 from bench.celery_peer import CelerySystem
-from bench.common import FIND_MAX_P99_S_MAX, BenchError, fmt, ratio, summarize, uptime_line
+from bench.common import FIND_MAX_P99_S_MAX, WORKER_SLOTS, BenchError, fmt, ratio, summarize, uptime_line
 from bench.plan import OneOff
 from bench.sd import SdSystem
 
@@ -62,7 +62,7 @@ class Options:
     run_dir: str
     peers: list[str]
     workers: int = 4
-    worker_concurrency: int = 1500
+    worker_concurrency: int = WORKER_SLOTS
     in_flight: int = 16
     profile_s: float = 0.0
 

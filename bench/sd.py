@@ -20,8 +20,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common import (ROOT, BenchError, CpuMeter, Record, die_with_parent, du_bytes, free_ports, iso_us,
-                          percentile, rss_bytes, wait_until)
+from bench.common import (ROOT, WORKER_SLOTS, BenchError, CpuMeter, Record, die_with_parent, du_bytes, free_ports,
+                          iso_us, percentile, rss_bytes, wait_until)
 from bench.feeder import QUEUE, create_jobs, feed_oneoff, job_body
 from bench.plan import OneOff
 
@@ -224,7 +224,7 @@ class SdSystem:
     name = "schedulerd"
     replicated = "3 replicas (Raft), journal fdatasync + LMDB sync on every node"
 
-    def __init__(self, run_dir: str, workers: int = 4, concurrency: int = 1500, in_flight: int = 16) -> None:
+    def __init__(self, run_dir: str, workers: int = 4, concurrency: int = WORKER_SLOTS, in_flight: int = 16) -> None:
         self.dir = os.path.join(run_dir, "schedulerd")
         self.cluster = SdCluster(self.dir)
         self.fleet = WorkerFleet(self.cluster.urls, os.path.join(self.dir, "workers"), workers, concurrency)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 
+from bench.common import WORKER_SLOTS
 from schedulerd.worker import Task, Worker
 
 FLUSH_S = 0.25
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", required=True)
     p.add_argument("--queue", default="bench")
     p.add_argument("--out", required=True, help="file prefix")
-    p.add_argument("--concurrency", type=int, default=1500)
+    p.add_argument("--concurrency", type=int, default=WORKER_SLOTS)
     p.add_argument("--wait-s", type=float, default=5.0)
     p.add_argument("--lifetime-s", type=float, default=900.0)
     a = p.parse_args(argv)
