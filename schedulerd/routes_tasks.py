@@ -37,7 +37,7 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         namespace = namespaces.of_request(request)
         tasks = await leases.poll(worker_id, [namespaces.inside(namespace, q) for q in dict.fromkeys(queues)],
                                   max_tasks, wait_s)
-        return web.json_response({"tasks": tasks})
+        return web.Response(text=views.tasks_json(tasks), content_type="application/json")
 
     async def heartbeat_one(request: web.Request) -> web.Response:
         data = await req.body(request)

@@ -1,8 +1,11 @@
 """One real node: jobs created over HTTP run through the worker SDK and show in history."""
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -127,3 +130,45 @@ def test_stale_fence_is_409_and_expired_lease_is_redelivered(make_cluster, monke
     assert acked["results"][0]["ok"] is True and acked["results"][1]["ok"] is False
     run = node.get(f"/v1/runs/{retry['run_id']}")[1]
     assert run["state"] == "succeeded" and run["result"] == 42 and run["attempt"] == 2
+
+
+def test_a_poll_of_lease_batch_max_tasks_with_largest_payloads_stays_bounded(make_cluster) -> None:
+    """500 tasks of 64 KiB payloads arrive whole in one poll, and the response is no bigger
+    than lease_batch_max x (payload_bytes_max + 1 KiB): payloads go out as stored, compact."""
+    node = make_cluster(1).nodes[0]
+    count, payload_max = 500, 64 * 1024
+    # 2,000 list items: re-encoded with json's default ", " the payload would grow 2 KB.
+    payload = {"numbers": [0] * 2000, "text": "x" * (payload_max - 4050)}
+    assert len(json.dumps(payload, separators=(",", ":"))) <= payload_max
+    due = _iso(datetime.now(timezone.utc))
+    per_request = 15  # fits request_bytes_max (1 MiB)
+
+    def create(lo: int) -> list[bool]:
+        jobs = [{"job_id": f"big-{k}", "schedule": {"at": due}, "queue": "big", "payload": payload}
+                for k in range(lo, min(count, lo + per_request))]
+        status, body = node.post("/v1/jobs:batch", {"jobs": jobs})
+        assert status == 200, body
+        return [item["ok"] for item in body["results"]]
+
+    with ThreadPoolExecutor(4) as pool:
+        created = [ok for oks in pool.map(create, range(0, count, per_request)) for ok in oks]
+    assert created == [True] * count
+
+    def all_ready() -> bool:
+        queues = node.get("/v1/queues")[1]["queues"]
+        return any(q["queue"] == "big" and q["ready"] == count for q in queues)
+
+    wait_until(all_ready, 60, f"{count} runs ready")
+    body = json.dumps({"worker_id": "w-big", "queues": ["big"], "max_tasks": count, "wait_s": 0}).encode()
+    request = urllib.request.Request(node.url + "/v1/tasks/poll", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        raw = resp.read()
+    tasks = json.loads(raw)["tasks"]
+    assert len(tasks) == count and all(t["payload"] == payload for t in tasks)
+    assert len(raw) <= count * (payload_max + 1024), f"{len(raw)} bytes for {count} tasks"
+
+    acks = [{"run_id": t["run_id"], "fence": t["fence"]} for t in tasks]
+    status, acked = node.post("/v1/tasks/ack", {"worker_id": "w-big", "acks": acks})
+    assert status == 200 and all(r["ok"] for r in acked["results"])
+    assert node.get("/v1/jobs/big-0")[1]["state"] == "completed"
