@@ -79,6 +79,25 @@ def _digests_at_one_index(system: SdSystem, node: Node) -> tuple[tuple[int, str]
     return pair[0], pair[1]
 
 
+def _settled(system: SdSystem) -> None:
+    """Wait out the compactions a fill set off (each copies the whole store, the replicas
+    one after another): the minute measured is steady state, and what a compaction
+    costs shows in the snapshot lines of the report."""
+    wait_until(lambda: not any(n.group0()["snapshotting"] for n in system.cluster.nodes if n.proc is not None),
+               CATCH_UP_S_MAX, "compactions set off by the fill to finish", interval_s=0.5)
+
+
+def _snapshots_between(events: list[str], t0: float, t1: float) -> int:
+    """snapshot_written lines logged between two time.time() instants (node logs are local time)."""
+    count = 0
+    for line in events:
+        match = _SNAPSHOT.match(line.split(" ", 1)[1])
+        if match and match.group(2) == "snapshot_written":
+            at = time.mktime(time.strptime(match.group(1).split(",")[0], "%Y-%m-%d %H:%M:%S"))
+            count += t0 <= at <= t1
+    return count
+
+
 def _snapshot_events(system: SdSystem) -> list[str]:
     out = []
     for node in system.cluster.nodes:
@@ -99,12 +118,19 @@ def scale(opts: Options, live: int, baseline_live: int, rate: float, duration_s:
     try:
         system.setup()
         fill_small = _fill(system, "lv", 0, baseline_live, opts.in_flight)
+        _settled(system)
+        windows = [time.time()]
         s_small, i_small = steady_once(system, rate, duration_s, lead_s, drain_s, "sa")
+        windows.append(time.time())
         mem_small = system.cluster.rss_and_disk()
         fill_big = _fill(system, "lv", baseline_live, live, opts.in_flight)
         report.raw["uptime"].append(f"after fill: {uptime_line()}")
+        _settled(system)
+        report.raw["uptime"].append(f"compactions done: {uptime_line()}")
         mem_big = system.cluster.rss_and_disk()
+        windows.append(time.time())
         s_big, i_big = steady_once(system, rate, duration_s, lead_s, drain_s, "sb", opts.profile_s)
+        windows.append(time.time())
         restart = _restart(system, wipe=False)
         wiped = _restart(system, wipe=True)
         report.raw["snapshots"] = _snapshot_events(system)
@@ -115,6 +141,9 @@ def scale(opts: Options, live: int, baseline_live: int, rate: float, duration_s:
     _lateness_rows(report, stats)
     report.add("jobs done/s", {small: s_small["done_per_s"], big: s_big["done_per_s"]}, None)
     _cpu_rows(report, {small: i_small, big: i_big})
+    report.add("snapshots written during the steady run",
+               {small: _snapshots_between(report.raw["snapshots"], windows[0], windows[1]),
+                big: _snapshots_between(report.raw["snapshots"], windows[2], windows[3])}, None)
     report.add("fill: create jobs/s (batch of 100)", {small: fill_small["jobs_per_s"], big: fill_big["jobs_per_s"]},
                None)
     for k, (a, b) in enumerate(zip(mem_small, mem_big)):

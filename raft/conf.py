@@ -26,9 +26,12 @@ class RaftConfig:
     # A leader that has not heard from a majority for this long steps down
     # (pysyncobj's default of 30 s lets an isolated leader believe for too long).
     leader_fallback_s: float = 1.5
-    # Compact the log into an LMDB snapshot after this many entries or seconds.
+    # Compact the log into an LMDB snapshot once it holds more than this many entries
+    # and its journal weighs compaction_journal_ratio x the last snapshot's size, or
+    # whenever the journal reaches compaction_journal_bytes_max (raft/compaction.py).
     compaction_entries_min: int = 20_000
-    compaction_interval_s: float = 600.0
+    compaction_journal_ratio: float = 0.25
+    compaction_journal_bytes_max: int = 128 << 20
     # Snapshot bytes per Raft message when a lagging node is sent the leader's snapshot
     # (pysyncobj's default is 64 KiB); also the socket buffer sizes. The leader queues
     # at most two pieces per follower (raft/snapshot_transfer.py).
@@ -63,6 +66,10 @@ class RaftConfig:
             raise ValueError("snapshot_stagger_s must be within 0..300 seconds")
         if self.compaction_entries_min < 10:
             raise ValueError("compaction_entries_min must be at least 10")
+        if not 0 <= self.compaction_journal_ratio <= 10:
+            raise ValueError("compaction_journal_ratio must be within 0..10")
+        if self.compaction_journal_bytes_max < 1 << 20:
+            raise ValueError("compaction_journal_bytes_max must be at least 1 MiB")
         if not 1 <= self.groups <= 64:
             raise ValueError("groups must be 1..64")
         for addr in (self.self_addr, *self.peers):

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from typing import Any, Callable
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
-from raft import journal, snapshot, snapshot_transfer
+from raft import compaction, journal, snapshot, snapshot_transfer
 from raft.conf import RaftConfig
 from raft.snapshot_writer import SnapshotWriter
 from storage import fsm
@@ -123,8 +124,9 @@ class Group:
             raftMinTimeout=conf.election_timeout_s_min,
             raftMaxTimeout=conf.election_timeout_s_max,
             leaderFallbackTimeout=conf.leader_fallback_s,
-            logCompactionMinEntries=conf.compaction_entries_min,
-            logCompactionMinTime=conf.compaction_interval_s,
+            # pysyncobj's own rule (entries or seconds) is off: _compact_when_due decides.
+            logCompactionMinEntries=sys.maxsize,
+            logCompactionMinTime=float("inf"),
             dynamicMembershipChange=False,
             commandsWaitLeader=False,
             password=conf.secret,
@@ -149,6 +151,7 @@ class Group:
         self.replica.addOnTickCallback(self._commit_applied)
         self.replica.addOnTickCallback(self._watch_leader)
         self.replica.addOnTickCallback(self._step_down_if_requested)
+        self.replica.addOnTickCallback(self._compact_when_due)
 
     def _apply(self, index: int, blob: bytes) -> Any:
         """Never lets an exception escape into pysyncobj: one that did would freeze the tick.
@@ -199,6 +202,18 @@ class Group:
                 log.info("leader_changed group=%d leader=%s term=%d", self.group_id, leader.address,
                          self.replica.raftCurrentTerm)
             self._leader_seen = leader
+
+    def _compact_when_due(self) -> None:
+        """Tick thread: ask pysyncobj to compact when raft/compaction.py says so, never
+        while a snapshot is under way (the request would outlive it and start the next
+        one at once)."""
+        if self._snapshots.busy():
+            return
+        entries, journal_bytes = len(self.journal), self.journal.size_bytes()
+        if entries <= self.conf.compaction_entries_min and journal_bytes < self.conf.compaction_journal_bytes_max:
+            return
+        if compaction.due(entries, journal_bytes, self._snapshots.size_bytes(), self.conf):
+            self.replica.forceLogCompaction()
 
     def _snapshot_delay_s(self) -> float:
         """This replica's place in the compaction order, times snapshot_stagger_s: the
@@ -281,6 +296,8 @@ class Group:
             "ready": self.replica.isReady(),
             "peers": self.peers,
             "journal_entries": s["log_len"],
+            "journal_bytes": self.journal.size_bytes(),
+            "snapshotting": self._snapshots.busy(),
             "journal_fsync": self.journal.stats.summary(),
         }
 

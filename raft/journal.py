@@ -176,6 +176,10 @@ class DurableJournal(pysyncobj.journal.Journal):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def size_bytes(self) -> int:
+        """The journal file's length: the entries since the last compaction, framed."""
+        return self._end
+
     def sync(self) -> None:
         """Make every added entry durable; a no-op when nothing was added since."""
         self._check_usable()

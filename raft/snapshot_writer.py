@@ -87,6 +87,17 @@ class SnapshotWriter:
         except BaseException as exc:  # reported to the tick thread by state()
             self._error = exc
 
+    def busy(self) -> bool:
+        """A snapshot is being written, or its outcome is not yet reported to pysyncobj."""
+        return self._thread is not None or self._finished is not None
+
+    def size_bytes(self) -> int:
+        """The current snapshot's size; 0 before the first."""
+        try:
+            return os.path.getsize(self.path)
+        except FileNotFoundError:
+            return 0
+
     def state(self) -> int:
         """pysyncobj's serializeChecker (tick thread). Never raises: an exception out of
         pysyncobj's tick would stop the node's Raft work."""

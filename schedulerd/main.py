@@ -83,7 +83,12 @@ async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = Non
 @click.option("--groups", default=1, show_default=True, help="Raft groups per node (each uses raft port + g).")
 @click.option("--lease-s", default=30.0, show_default=True, help="Lease length per delivery, seconds.")
 @click.option("--compaction-entries", default=RaftConfig.compaction_entries_min, show_default=True,
-              help="Snapshot LMDB and compact the Raft log after this many entries.")
+              help="Snapshot LMDB and compact the Raft log once it holds more than this many entries "
+                   "and its journal weighs --compaction-journal-ratio x the last snapshot.")
+@click.option("--compaction-journal-ratio", default=RaftConfig.compaction_journal_ratio, show_default=True,
+              type=click.FloatRange(0, 10),
+              help="Journal bytes per snapshot byte before a compaction: the copying stays proportional "
+                   "to what was written, however big the store (0: by entries alone).")
 @click.option("--clock-offset-file", default=None, type=click.Path(dir_okay=False),
               help="Testing: shift this node's wall clock by the seconds written in FILE (re-read on change).")
 @click.option("--log-level", default="INFO", show_default=True,
@@ -100,7 +105,8 @@ async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = Non
               help="Allow a non-loopback --http without --tokens-file, or --raft without --cluster-secret-file.")
 @click.pass_context
 def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None, peers: str, groups: int,
-        lease_s: float, compaction_entries: int, clock_offset_file: str | None, log_level: str,
+        lease_s: float, compaction_entries: int, compaction_journal_ratio: float,
+        clock_offset_file: str | None, log_level: str,
         log_format: str, tokens_file: str | None, cluster_secret_file: str | None, tls_cert: str | None,
         tls_key: str | None, insecure: bool) -> None:
     """Run a schedulerd node. With no flags: a single-node cluster on 127.0.0.1:8080.
@@ -124,7 +130,8 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
     for p in peer_list:
         _addr(p, "--peers entry")
     config = NodeConfig(raft=RaftConfig(self_addr=raft_addr, peers=peer_list, data_dir=data_dir, groups=groups,
-                                        compaction_entries_min=compaction_entries, secret=secret),
+                                        compaction_entries_min=compaction_entries,
+                                        compaction_journal_ratio=compaction_journal_ratio, secret=secret),
                         http_host=host, http_port=port, lease_s=lease_s)
     try:
         config.validate()

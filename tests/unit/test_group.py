@@ -118,7 +118,7 @@ def test_a_failing_apply_never_escapes_into_pysyncobj(tmp_path: pathlib.Path, lo
 def test_compaction_writes_an_lmdb_snapshot_and_restart_uses_it(tmp_path: pathlib.Path, loop) -> None:
     (port,) = free_ports(1)
     rec = Recorder()
-    group = single(tmp_path, rec, port, compaction_entries_min=10, compaction_interval_s=0.5)
+    group = single(tmp_path, rec, port, compaction_entries_min=10, compaction_journal_ratio=0)
     snapshot = tmp_path / "group-0.snapshot"
     try:
         for i in range(60):
@@ -132,7 +132,7 @@ def test_compaction_writes_an_lmdb_snapshot_and_restart_uses_it(tmp_path: pathli
         wait_until(lambda: snapshot.stat().st_ino != first, 10, "a second snapshot")
     finally:
         group.destroy()
-    group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_interval_s=0.5)
+    group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_journal_ratio=0)
     try:
         assert job_count(group) == 120
     finally:
@@ -143,7 +143,7 @@ def test_after_a_machine_crash_the_store_is_rebuilt_from_snapshot_and_journal(
         tmp_path: pathlib.Path, loop, monkeypatch) -> None:
     monkeypatch.setattr(bootmark, "current_boot", lambda: "boot-a")
     (port,) = free_ports(1)
-    group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_interval_s=0.5)
+    group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_journal_ratio=0)
     for i in range(60):
         propose(group, loop, create_blob(f"j{i}"))
     wait_until((tmp_path / "group-0.snapshot").exists, 10, "a snapshot file")
@@ -157,7 +157,7 @@ def test_after_a_machine_crash_the_store_is_rebuilt_from_snapshot_and_journal(
     (tmp_path / "group-0.lmdb" / "data.mdb").write_bytes(b"torn" * 4096)
 
     monkeypatch.setattr(bootmark, "current_boot", lambda: "boot-b")
-    group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_interval_s=0.5)
+    group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_journal_ratio=0)
     try:
         wait_until(lambda: group.store.last_applied() >= applied, 10, "the rebuild")
         assert job_count(group) == 75
@@ -178,7 +178,7 @@ def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop, m
         # Small pieces: the snapshot goes over in many messages, as a large one does.
         cfg = RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
                          data_dir=str(tmp_path / f"n{i}"), compaction_entries_min=10,
-                         compaction_interval_s=0.5, snapshot_chunk_bytes=CHUNK, **FAST)
+                         compaction_journal_ratio=0, snapshot_chunk_bytes=CHUNK, **FAST)
         return Group(0, cfg, on_fatal=pytest.fail)
 
     CHUNK = 1024
@@ -325,3 +325,24 @@ def test_request_step_down_hands_leadership_to_a_follower(tmp_path: pathlib.Path
     finally:
         for g in groups:
             g.destroy()
+
+
+def test_after_the_first_snapshot_a_few_entries_do_not_copy_the_store_again(tmp_path: pathlib.Path, loop) -> None:
+    """compaction_entries_min alone would snapshot every 10 entries here; the journal must
+    first weigh compaction_journal_ratio x the snapshot (raft/compaction.py)."""
+    (port,) = free_ports(1)
+    group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_journal_ratio=1.0)
+    snapshot = tmp_path / "group-0.snapshot"
+    try:
+        for i in range(30):
+            propose(group, loop, create_blob(f"j{i}"))
+        wait_until(snapshot.exists, 10, "the first snapshot (no previous one to weigh against)")
+        first = snapshot.stat()
+        for i in range(30, 90):
+            propose(group, loop, create_blob(f"j{i}"))
+        status = group.status()
+        assert status["journal_entries"] > 10 and group.journal.size_bytes() < first.st_size
+        time.sleep(0.5)  # ticks that would compact under the entries rule alone
+        assert snapshot.stat().st_ino == first.st_ino and group.status()["journal_entries"] >= status["journal_entries"]
+    finally:
+        group.destroy()
