@@ -11,12 +11,15 @@ the journal bounds what a restart reads back and what the journal holds in
 memory (pysyncobj keeps every entry since the snapshot there)."""
 from __future__ import annotations
 
+from typing import Callable
+
 from raft.conf import RaftConfig
 
 
-def due(entries: int, journal_bytes: int, snapshot_bytes: int, conf: RaftConfig) -> bool:
-    """Compact now? `snapshot_bytes` is 0 before the first snapshot."""
+def due(entries: int, journal_bytes: int, snapshot_bytes: Callable[[], int], conf: RaftConfig) -> bool:
+    """Compact now? `snapshot_bytes` gives the last snapshot's size (0 before the first);
+    it is asked only when the other conditions hold (the tick calls this every time)."""
     if journal_bytes >= conf.compaction_journal_bytes_max:
         return True
     return entries > conf.compaction_entries_min and \
-        journal_bytes >= conf.compaction_journal_ratio * snapshot_bytes
+        journal_bytes >= conf.compaction_journal_ratio * snapshot_bytes()

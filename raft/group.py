@@ -207,12 +207,8 @@ class Group:
         """Tick thread: ask pysyncobj to compact when raft/compaction.py says so, never
         while a snapshot is under way (the request would outlive it and start the next
         one at once)."""
-        if self._snapshots.busy():
-            return
-        entries, journal_bytes = len(self.journal), self.journal.size_bytes()
-        if entries <= self.conf.compaction_entries_min and journal_bytes < self.conf.compaction_journal_bytes_max:
-            return
-        if compaction.due(entries, journal_bytes, self._snapshots.size_bytes(), self.conf):
+        if not self._snapshots.busy() and compaction.due(len(self.journal), self.journal.size_bytes(),
+                                                          self._snapshots.size_bytes, self.conf):
             self.replica.forceLogCompaction()
 
     def _snapshot_delay_s(self) -> float:

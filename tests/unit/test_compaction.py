@@ -14,25 +14,25 @@ CONF = RaftConfig(self_addr="127.0.0.1:9000", compaction_entries_min=20_000, com
 
 
 def test_not_before_compaction_entries_min_however_small_the_snapshot() -> None:
-    assert not compaction.due(20_000, 10 * MiB, 0, CONF)
-    assert compaction.due(20_001, 10 * MiB, 0, CONF)
+    assert not compaction.due(20_000, 10 * MiB, lambda: 0, CONF)
+    assert compaction.due(20_001, 10 * MiB, lambda: 0, CONF)
 
 
 def test_a_big_store_waits_for_a_journal_of_its_share() -> None:
     snapshot = 750 * MiB  # 1,000,000 jobs
-    assert not compaction.due(200_000, 100 * MiB, snapshot, CONF)  # 20k entries no longer suffice
+    assert not compaction.due(200_000, 100 * MiB, lambda: snapshot, CONF)  # 20k entries no longer suffice
     small_snapshot = 20 * MiB
-    assert compaction.due(20_001, 5 * MiB, small_snapshot, CONF)
+    assert compaction.due(20_001, 5 * MiB, lambda: small_snapshot, CONF)
 
 
 def test_the_journal_ceiling_compacts_whatever_else_holds() -> None:
-    assert compaction.due(500, 128 * MiB, 750 * MiB, CONF)
-    assert not compaction.due(500, 128 * MiB - 1, 0, CONF)
+    assert compaction.due(500, 128 * MiB, lambda: 750 * MiB, CONF)
+    assert not compaction.due(500, 128 * MiB - 1, lambda: 0, CONF)
 
 
 def test_ratio_zero_is_the_entries_rule_alone() -> None:
     conf = RaftConfig(self_addr="127.0.0.1:9000", compaction_entries_min=10, compaction_journal_ratio=0)
-    assert compaction.due(11, 1, 10**9, conf)
+    assert compaction.due(11, 1, lambda: 10**9, conf)
 
 
 @pytest.mark.parametrize("bad", [dict(compaction_journal_ratio=-0.1), dict(compaction_journal_ratio=11),
