@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
+import msgpack
 import pytest
 
 from storage import keys, records
@@ -116,7 +117,7 @@ def test_a_run_claimed_without_its_own_deadline_uses_the_jobs(d: Driver) -> None
     with d.store.env.begin(write=True) as txn:
         run = records.unpack(txn.get(keys.run_key(run_id), db=d.store.tables.runs))
         del run["starting_deadline_us"]
-        txn.put(keys.run_key(run_id), records.pack(run), db=d.store.tables.runs)
+        txn.put(keys.run_key(run_id), msgpack.packb(run, use_bin_type=True), db=d.store.tables.runs)
     assert d.lease(T0 + 13 * S, run_ids=[run_id]) == []
     assert d.run(run_id)["reason"] == "deadline"
 
