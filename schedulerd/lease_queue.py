@@ -40,8 +40,7 @@ class LeaseQueue:
         self._grants = Coalescer(node.propose, Op.LEASE_BATCH, "grants", "grants",
                                  node.config.limits.lease_entry_runs_max, lease_term, weight=lambda g: len(g[1]))
 
-    async def poll(self, worker_id: str, queues: list[str], max_tasks: int,
-                   wait_s: float) -> list[tuple[dict[str, Any], str]]:
+    async def poll(self, worker_id: str, queues: list[str], max_tasks: int, wait_s: float) -> list[views.TaskView]:
         limits = self.node.config.limits
         if self.waiters >= limits.poll_waiters_max:
             raise TooManyRequests(f"poll_waiters_max ({limits.poll_waiters_max}) long-polls already wait on this node")
@@ -74,9 +73,8 @@ class LeaseQueue:
                 best = min(best, max(0.0, (at - now) / US))
         return best + 0.001 if best != float("inf") else 3600.0
 
-    async def _lease_once(self, worker_id: str, queues: list[str],
-                          max_tasks: int) -> list[tuple[dict[str, Any], str]]:
-        tasks: list[tuple[dict[str, Any], str]] = []
+    async def _lease_once(self, worker_id: str, queues: list[str], max_tasks: int) -> list[views.TaskView]:
+        tasks: list[views.TaskView] = []
         for group in self.node.groups:
             want = max_tasks - len(tasks)
             if want <= 0:
@@ -84,8 +82,7 @@ class LeaseQueue:
             tasks.extend(await self._lease_from(group, worker_id, queues, want))
         return tasks
 
-    async def _lease_from(self, group: Group, worker_id: str, queues: list[str],
-                          want: int) -> list[tuple[dict[str, Any], str]]:
+    async def _lease_from(self, group: Group, worker_id: str, queues: list[str], want: int) -> list[views.TaskView]:
         now = self.node.clock.now_us()
         self._rounds += 1
         with self.node.read(group) as (txn, tables):

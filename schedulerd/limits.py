@@ -28,7 +28,7 @@ class Limits:
     scan_batch_max: int = 2000
     # Runs leased in one Raft entry and tasks in one poll response. A worker with many
     # slots fills them in fewer polls and lease entries (spike drain 9.2 s -> 6.3-8.8 s
-    # at 500, docs/performance.md); a response stays under 500 x payload_bytes_max.
+    # at 500, docs/performance.md); a response stays under 500 x (payload_bytes_max + 1 KiB).
     lease_batch_max: int = 500
     # Runs leased in one Raft entry across the polls that share it.
     lease_entry_runs_max: int = 1000

@@ -9,6 +9,8 @@ from schedulerd.namespaces import outward
 from schedulerd.timefmt import to_iso
 
 US = 1_000_000
+# A leased run as a poll answers it: its view, and its payload's stored JSON text.
+TaskView = tuple[dict[str, Any], str]
 
 
 def _seconds(us: int | None) -> float | int | None:
@@ -71,7 +73,7 @@ def idempotency_key(job_id: str, scheduled_us: int) -> str:
     return f"{job_id}:{to_iso(scheduled_us)}"
 
 
-def task(rec: dict[str, Any], job: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+def task(rec: dict[str, Any], job: dict[str, Any] | None) -> TaskView:
     """A leased run as its worker gets it, with its job's target, and its job's payload
     as the JSON text stored at create ("null" for a job no longer stored): `tasks_json`
     splices it into the response unparsed."""
@@ -89,7 +91,7 @@ def task(rec: dict[str, Any], job: dict[str, Any] | None) -> tuple[dict[str, Any
     }), job["payload_json"] if job is not None else "null"
 
 
-def tasks_json(tasks: list[tuple[dict[str, Any], str]]) -> str:
+def tasks_json(tasks: list[TaskView]) -> str:
     """A poll's response body, compact. Payloads go out as stored: a poll carries up to
     lease_batch_max of them, and parsing then re-encoding each cost the serving node
     CPU and, with json's default ", ", grew a payload of small numbers by half."""
