@@ -30,10 +30,11 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import msgpack
 import pysyncobj.journal
 import pysyncobj.syncobj
 from pysyncobj import SyncObj
+
+from storage import codec
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +280,7 @@ class DurableJournal(pysyncobj.journal.Journal):
 
     def _store_meta(self) -> None:
         meta = {"term": self._term, "voted_for": self._voted_for, "commit_index": self._commit_index}
-        self._os(_replace_durably, self.meta_path, msgpack.packb(meta))
+        self._os(_replace_durably, self.meta_path, codec.pack(meta))
         self._meta_dirty = False
 
     def _check_usable(self) -> None:
@@ -341,10 +342,10 @@ def _read_meta(path: str) -> tuple[int, str | None, int]:
     """(term, voted_for, commit_index); pysyncobj's defaults when there is no file."""
     try:
         with open(path, "rb") as f:
-            meta = msgpack.unpackb(f.read())
+            meta = codec.unpack(f.read())
     except FileNotFoundError:
         return 0, None, 1
-    except ValueError as e:  # msgpack's errors derive from ValueError
+    except ValueError as e:  # msgspec's DecodeError is a ValueError
         raise JournalError(f"{path}: unreadable meta: {e}") from e
     shape = {"term": int, "voted_for": (str, type(None)), "commit_index": int}
     if not isinstance(meta, dict) or meta.keys() != shape.keys() or not all(

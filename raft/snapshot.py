@@ -16,9 +16,8 @@ import zlib
 from typing import Any
 
 import lmdb
-import msgpack
 
-from storage import keys
+from storage import codec, keys
 from storage.db import DB_NAMES, LAST_APPLIED, Store
 
 log = logging.getLogger("schedulerd.snapshot")
@@ -94,8 +93,7 @@ def write(store: Store, path: str, data: tuple[Any, ...]) -> None:
     `data` is pysyncobj's (last applied entry, the entry before it, cluster);
     entries are (command bytes, index, term)."""
     last, prev, _cluster = data
-    header = msgpack.packb({"last": list(last), "prev": list(prev), "last_applied": store.last_applied()},
-                           use_bin_type=True)
+    header = codec.pack({"last": list(last), "prev": list(prev), "last_applied": store.last_applied()})
     _write_store(store.env, path, header)
     log.info("snapshot_written path=%s raft_index=%d bytes=%d", path, last[1], os.path.getsize(path))
 
@@ -121,8 +119,8 @@ def write_backup(lmdb_path: str, out_path: str) -> int:
             applied = keys.read_u64(raw) if raw else 0
         if applied < 2:
             raise ValueError(f"{lmdb_path} has applied nothing yet (last_applied {applied}); nothing to back up")
-        header = msgpack.packb({"last": [_NO_OP, applied, 0], "prev": [_NO_OP, applied - 1, 0],
-                                "last_applied": applied}, use_bin_type=True)
+        header = codec.pack({"last": [_NO_OP, applied, 0], "prev": [_NO_OP, applied - 1, 0],
+                             "last_applied": applied})
         tmp = out_path + ".partial"
         _write_store(env, tmp, header)
         os.replace(tmp, out_path)
@@ -148,7 +146,7 @@ def read_header(path: str) -> tuple[dict[str, Any], int]:
         if f.read(len(MAGIC)) != MAGIC:
             raise ValueError(f"{path} is not a schedulerd snapshot")
         (length,) = _LEN.unpack(f.read(_LEN.size))
-        header = msgpack.unpackb(f.read(length), raw=False)
+        header = codec.unpack(f.read(length))
         return header, f.tell()
 
 

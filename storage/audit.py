@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from storage import keys
+from storage.codec import pack
 from storage.ops import Op
-from storage.records import Ctx, pack
+from storage.records import Ctx
 
 AUDIT_RECORDS_MAX = 10_000
 
@@ -44,7 +45,7 @@ def _record(ctx: Ctx, now_us: int, note: dict[str, Any], outcome: str) -> None:
     table = ctx.tables.audit
     key = keys.u64(ctx.index) + keys.u64(ctx.audits_made)  # several records of one entry keep their order
     ctx.audits_made += 1
-    ctx.txn.put(key, pack(ctx, {"at_us": now_us, "raft_index": ctx.index, "who": str(note.get("who", "?")),
+    ctx.txn.put(key, pack({"at_us": now_us, "raft_index": ctx.index, "who": str(note.get("who", "?")),
                                 "what": str(note.get("what", "?")), "via": str(note.get("via", "")),
                                 "outcome": outcome}), db=table)
     excess = ctx.txn.stat(table)["entries"] - AUDIT_RECORDS_MAX

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
-
-from storage import claims, cron, keys, records
+from storage import claims, codec, cron, keys, records
 from storage.model import JobEvent, JobState, Reason, RunEvent, RunState, job_transition, run_transition
 from storage.records import Ctx, Record
 
@@ -30,7 +28,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         if idem is not None:
             raw = ctx.txn.get(keys.idempotency_key(idem), db=ctx.tables.idempotency)
             if raw is not None:
-                first_id, first_hash = msgpack.unpackb(raw)
+                first_id, first_hash = codec.unpack(raw)
                 results.append({"job_id": first_id, "ok": True, "existing": True} if first_hash == spec["request_hash"]
                                else {"job_id": job_id, **_fail("conflict", f"idempotency key {idem!r} was used "
                                                                            "for a different request")})
@@ -47,7 +45,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
         records.put_job(ctx, job, None, None)
         if idem is not None:
-            ctx.txn.put(keys.idempotency_key(idem), msgpack.packb([job_id, spec["request_hash"]]),
+            ctx.txn.put(keys.idempotency_key(idem), codec.pack([job_id, spec["request_hash"]]),
                         db=ctx.tables.idempotency)
         results.append({"job_id": job_id, "ok": True})
     return {"results": results}

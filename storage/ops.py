@@ -1,4 +1,4 @@
-"""Raft entry encoding: msgpack `[op, version, payload]`.
+"""Raft entry encoding: msgpack `[op, version, payload]` (storage/codec.py).
 
 Op codes are append-only: a code keeps its meaning forever because old log
 entries and snapshots still carry it. Retire a code by leaving it here unused;
@@ -8,7 +8,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-import msgpack
+from storage import codec
 
 VERSION = 1
 
@@ -34,12 +34,12 @@ class CorruptEntry(Exception):
 
 
 def encode(op: Op, payload: dict[str, Any]) -> bytes:
-    return msgpack.packb([int(op), VERSION, payload], use_bin_type=True)
+    return codec.pack([int(op), VERSION, payload])
 
 
 def decode(blob: bytes) -> tuple[Op, dict[str, Any]]:
     try:
-        op, version, payload = msgpack.unpackb(blob, raw=False)
+        op, version, payload = codec.unpack(blob)
     except Exception as exc:
         raise CorruptEntry(f"undecodable entry: {exc}") from exc
     if version != VERSION:

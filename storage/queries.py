@@ -8,9 +8,10 @@ from typing import Any, Iterable
 import lmdb
 
 from storage import keys
+from storage.codec import unpack
 from storage.db import DB_NAMES, Tables
 from storage.model import JobState
-from storage.records import Record, unpack
+from storage.records import Record
 
 
 def get_job(txn: lmdb.Transaction, t: Tables, job_id: str) -> Record | None:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
-import msgpack
 
 from storage import keys
+from storage.codec import pack, unpack
 from storage.db import Tables
 from storage.model import PENDING_RUN_STATES, TERMINAL_RUN_STATES, RunState
 
@@ -33,23 +33,12 @@ class Ctx:
     stats: dict[str, Record] = field(default_factory=dict)
     stats_changed: set[str] = field(default_factory=set)
     state_counts: dict[str, int] = field(default_factory=dict)
-    # One packer per entry: msgpack.packb builds (and allocates a 1 MiB buffer for) a
-    # new one per record, ~8 records per job on every replica. A Ctx lives in one thread.
-    packer: msgpack.Packer = field(default_factory=lambda: msgpack.Packer(use_bin_type=True))
 
     def new_run_id(self) -> str:
         """`{group}-{raft index}-{n}`: unique, and the same on every replica."""
         run_id = f"{self.group}-{self.index}-{self.runs_made}"
         self.runs_made += 1
         return run_id
-
-
-def pack(ctx: Ctx, record: Record) -> bytes:
-    return ctx.packer.pack(record)
-
-
-def unpack(raw: bytes) -> Record:
-    return msgpack.unpackb(raw, raw=False)
 
 
 def get_job(ctx: Ctx, job_id: str) -> Record | None:
@@ -74,7 +63,7 @@ def put_job(ctx: Ctx, job: Record, old_fire_us: int | None, was: str | None) -> 
         ctx.txn.delete(keys.due_key(shard, old_fire_us, job_id), db=ctx.tables.due)
     if job["next_fire_us"] is not None:
         ctx.txn.put(keys.due_key(shard, job["next_fire_us"], job_id), b"", db=ctx.tables.due)
-    ctx.txn.put(keys.job_key(job_id), pack(ctx, job), db=ctx.tables.jobs)
+    ctx.txn.put(keys.job_key(job_id), pack(job), db=ctx.tables.jobs)
 
 
 def get_run(ctx: Ctx, run_id: str) -> Record | None:
@@ -111,13 +100,13 @@ def _bump(ctx: Ctx, job_id: str, before: Record | None, after: Record | None) ->
 def flush(ctx: Ctx) -> None:
     """Write what the entry changed in per-job run counts and per-state job totals."""
     for job_id in sorted(ctx.stats_changed):
-        ctx.txn.put(keys.job_key(job_id), pack(ctx, ctx.stats[job_id]), db=ctx.tables.job_stats)
+        ctx.txn.put(keys.job_key(job_id), pack(ctx.stats[job_id]), db=ctx.tables.job_stats)
     if ctx.state_counts:
         raw = ctx.txn.get(keys.JOB_STATE_COUNTS, db=ctx.tables.meta)
         counts = unpack(raw) if raw else {}
         for name, delta in ctx.state_counts.items():
             counts[name] = counts.get(name, 0) + delta
-        ctx.txn.put(keys.JOB_STATE_COUNTS, pack(ctx, counts), db=ctx.tables.meta)
+        ctx.txn.put(keys.JOB_STATE_COUNTS, pack(counts), db=ctx.tables.meta)
 
 
 def insert_run(ctx: Ctx, run: Record) -> None:
@@ -125,7 +114,7 @@ def insert_run(ctx: Ctx, run: Record) -> None:
     occ = keys.occurrence_key(run["job_id"], run["scheduled_us"])
     if not ctx.txn.put(occ, run["run_id"].encode(), db=ctx.tables.occurrences, overwrite=False):
         raise AssertionError(f"occurrence {run['job_id']}@{run['scheduled_us']} claimed twice")
-    ctx.txn.put(keys.run_key(run["run_id"]), pack(ctx, run), db=ctx.tables.runs)
+    ctx.txn.put(keys.run_key(run["run_id"]), pack(run), db=ctx.tables.runs)
     _index_run(ctx, run)
     _bump(ctx, run["job_id"], None, run)
 
@@ -133,7 +122,7 @@ def insert_run(ctx: Ctx, run: Record) -> None:
 def update_run(ctx: Ctx, before: Record, after: Record) -> None:
     """Replace a run record; its index entries and its job's counts follow its state."""
     _unindex_run(ctx, before)
-    ctx.txn.put(keys.run_key(after["run_id"]), pack(ctx, after), db=ctx.tables.runs)
+    ctx.txn.put(keys.run_key(after["run_id"]), pack(after), db=ctx.tables.runs)
     _index_run(ctx, after)
     if before["state"] != after["state"]:
         _bump(ctx, after["job_id"], before, after)

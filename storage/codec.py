@@ -1,0 +1,24 @@
+"""The one msgpack codec for everything stored and replicated: Raft entries,
+job and run records, snapshot headers, journal meta.
+
+msgspec, not msgpack-python: the same bytes (maps, arrays, str, bin, ints of the
+smallest width), written 1.9x and read 2.2x faster, and a record is packed or
+unpacked several times per job on every replica (docs/decisions.md). Stores,
+journals and snapshots written by msgpack-python read back unchanged. Both
+objects are thread-safe (msgspec >= 0.16), so one of each serves every thread."""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder()
+
+
+def pack(obj: Any) -> bytes:
+    return _ENCODER.encode(obj)
+
+
+def unpack(raw: bytes) -> Any:
+    return _DECODER.decode(raw)
