@@ -13,6 +13,8 @@ from schedulerd.limits import Limits
 
 
 LIMITS = web.AppKey("limits", Limits)
+# One encoder for every ack's result: json.dumps with separators builds one per call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 async def body(request: web.Request) -> dict[str, Any]:
@@ -89,7 +91,7 @@ def fence(data: dict[str, Any]) -> int:
 def result_json(data: dict[str, Any], max_bytes: int) -> str | None:
     if "result" not in data:
         return None
-    encoded = json.dumps(data["result"], separators=(",", ":"))
+    encoded = _COMPACT.encode(data["result"])
     if len(encoded.encode()) > max_bytes:
         raise TooLarge(f"result is {len(encoded.encode())} bytes encoded; result_bytes_max is {max_bytes}")
     return encoded

@@ -112,17 +112,20 @@ def ready(txn: lmdb.Transaction, t: Tables, queues: Iterable[str], now_us: int, 
 def _ready_band(cur: lmdb.Cursor, queue: str, priority: int, now_us: int, limit: int,
                 exclude: set[str]) -> list[tuple[int, str, str]]:
     prefix = keys.ready_prefix(queue, priority)
+    # Every key of this band available by now sorts below `end`, and every key past the
+    # band above it: one bytes comparison per key. A busy leader walks past its own
+    # in-flight runs here on every poll, so the walk stays cheap.
+    end = prefix + keys.u64(now_us + 1)
+    id_at = len(prefix) + 8
     out: list[tuple[int, str, str]] = []
     if not cur.set_range(prefix):
         return out
     for key in cur.iternext(keys=True, values=False):
-        if not key.startswith(prefix):
+        if key >= end or len(out) >= limit:
             break
-        available_us, run_id = keys.split_ready_key(key)
-        if available_us > now_us or len(out) >= limit:
-            break
+        run_id = key[id_at:].decode()
         if run_id not in exclude:
-            out.append((available_us, queue, run_id))
+            out.append((keys.read_u64(key[len(prefix):id_at]), queue, run_id))
     return out
 
 

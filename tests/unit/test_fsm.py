@@ -313,3 +313,24 @@ def test_oldest_first_serves_long_waiting_low_priority_runs(d: Driver) -> None:
         oldest = queries.ready(txn, d.store.tables, ["q"], T0 + 30 * S, 1, set(), oldest_first=True)
     assert d.run(by_priority[0][1])["job_id"] == "high"
     assert d.run(oldest[0][1])["job_id"] == "low"
+
+
+def test_ready_reads_one_queue_up_to_now_skipping_excluded_runs(d: Driver) -> None:
+    from storage import queries
+    for i, (queue, at) in enumerate([("a", 10), ("a", 10), ("a", 11), ("a", 40), ("ab", 10), ("b", 10)]):
+        d.create(f"j{i}", {"kind": "at", "at_us": T0 + at * S}, queue=queue)
+    claimed = [r for at in (10, 11, 40) for r in d.claim_due(T0 + at * S)]
+    job_of = {r: d.run(r)["job_id"] for r in claimed}
+    by_job = {j: r for r, j in job_of.items()}
+
+    def ready(now_s: int, limit: int = 100, exclude: tuple[str, ...] = ()) -> list[str]:
+        with d.store.read() as txn:
+            found = queries.ready(txn, d.store.tables, ["a"], T0 + now_s * S, limit, {by_job[j] for j in exclude})
+        assert all(q == "a" for q, _ in found)
+        return [job_of[r] for _, r in found]
+
+    assert ready(10) == ["j0", "j1"]  # the run due at 11 s, and queue "ab", are not ready
+    assert ready(11) == ["j0", "j1", "j2"]
+    assert ready(11, exclude=("j0", "j2")) == ["j1"]
+    assert ready(11, limit=2, exclude=("j1",)) == ["j0", "j2"]
+    assert ready(40) == ["j0", "j1", "j2", "j3"]
