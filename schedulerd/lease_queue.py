@@ -1,10 +1,10 @@
 """Long-poll leasing: a worker's poll waits until runs of its queues are
-ready, then leases them through one committed LEASE_BATCH entry.
+ready, then leases them through one committed LEASE_READY entry.
 
-Any node can serve a poll: it reads candidates from its own replica and
-proposes; apply grants only runs still leasable at the entry's `now`, so two
-nodes racing for one run give it to exactly one. Runs already inside this
-node's in-flight proposals are skipped so local pollers do not collide."""
+Any node can serve a poll. The entry names the worker, its queues and how many
+runs it wants; apply picks the runs from the ready index (storage/leases.py), so
+entries from several nodes never name the same run and a follower's replica,
+a moment behind, only decides whether to ask, never what to take."""
 from __future__ import annotations
 
 import asyncio
@@ -19,9 +19,6 @@ from storage import queries
 from storage.ops import Op
 
 US = 1_000_000
-# Every FAIR_EVERY-th lease round serves the longest-waiting runs whatever their
-# priority, so a flood of priority-9 work cannot starve priority 0 entirely.
-FAIR_EVERY = 10
 
 
 class LeaseQueue:
@@ -29,16 +26,14 @@ class LeaseQueue:
         self.node = node
         self.waiters = 0
         self.leased = 0
-        self._in_flight: set[str] = set()
-        self._rounds = 0
 
         def lease_term() -> dict[str, Any]:
             now = node.clock.now_us()
             return {"now": now, "lease_until": now + int(node.config.lease_s * US)}
 
-        # Polls waiting at once on this node share LEASE_BATCH entries.
-        self._grants = Coalescer(node.propose, Op.LEASE_BATCH, "grants", "grants",
-                                 node.config.limits.lease_entry_runs_max, lease_term, weight=lambda g: len(g[1]))
+        # Polls waiting at once on this node share LEASE_READY entries.
+        self._grants = Coalescer(node.propose, Op.LEASE_READY, "grants", "grants",
+                                 node.config.limits.lease_entry_runs_max, lease_term, weight=lambda g: g[2])
 
     async def poll(self, worker_id: str, queues: list[str], max_tasks: int, wait_s: float) -> list[views.TaskView]:
         limits = self.node.config.limits
@@ -83,19 +78,10 @@ class LeaseQueue:
         return tasks
 
     async def _lease_from(self, group: Group, worker_id: str, queues: list[str], want: int) -> list[views.TaskView]:
-        now = self.node.clock.now_us()
-        self._rounds += 1
         with self.node.read(group) as (txn, tables):
-            candidates = queries.ready(txn, tables, queues, now, want, self._in_flight,
-                                       oldest_first=self._rounds % FAIR_EVERY == 0)
-        if not candidates:
-            return []
-        run_ids = [run_id for _, run_id in candidates]
-        self._in_flight.update(run_ids)
-        try:
-            ((_, granted),) = await self._grants.submit(group, [[worker_id, run_ids]])
-        finally:
-            self._in_flight.difference_update(run_ids)
+            if not queries.ready(txn, tables, queues, self.node.clock.now_us(), 1):
+                return []  # nothing to ask for as far as this replica knows
+        ((_, granted),) = await self._grants.submit(group, [[worker_id, queues, want]])
         self.leased += len(granted)
         # Apply grants run records only; the payload is read here, once, from this
         # node's replica (it has applied the grant), not in apply on every replica.

@@ -65,7 +65,7 @@ class Metrics:
             self.runs.labels("claimed").inc(len(result["runs"]))
             for reason, count in result.get("skipped_reasons", {}).items():
                 self.skipped.labels(reason).inc(count)
-        elif op == Op.LEASE_BATCH:
+        elif op in (Op.LEASE_READY, Op.LEASE_BATCH):
             now = result["now"]
             leased = 0
             for _, tasks in result["grants"]:

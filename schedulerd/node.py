@@ -108,7 +108,7 @@ def log_applied(group_id: int, index: int, op: Op, result: dict[str, Any]) -> No
     elif op == Op.CLAIM_BATCH:
         for run_id in result["runs"]:
             log.debug("run_claimed run_id=%s group=%d raft_index=%d", run_id, group_id, index)
-    elif op == Op.LEASE_BATCH:
+    elif op in (Op.LEASE_READY, Op.LEASE_BATCH):
         for worker_id, tasks in result["grants"]:
             for t in tasks:
                 log.debug("run_leased run_id=%s job_id=%s worker_id=%s fence=%d raft_index=%d",

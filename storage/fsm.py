@@ -40,6 +40,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.UPDATE_JOB: jobs.update_job,
     Op.TRIGGER_JOB: jobs.trigger_job,
     Op.REDRIVE_RUN: leases.redrive,
+    Op.LEASE_READY: leases.lease_ready,
 }
 
 ALREADY_APPLIED: dict[str, Any] = {"replayed": True}

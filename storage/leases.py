@@ -8,17 +8,48 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import records, retry
+from storage import queries, records, retry
 from storage.model import LEASABLE_RUN_STATES, JobState, Reason, RunEvent, RunState, run_transition
 from storage.records import Ctx, Record
 
 
-def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    """Grant each worker the runs proposed for it that are still leasable now.
+# Every FAIR_EVERY-th entry's grants take the longest-waiting runs whatever their
+# priority, so a flood of priority-9 work cannot starve priority 0 entirely.
+FAIR_EVERY = 10
 
-    The grants are run records: the node that proposed the entry adds each job's
-    payload from its own replica (`lease_queue`), so no replica reads the job
-    record in apply, the one thread every entry waits on."""
+
+def lease_ready(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Grant each worker, in turn, up to its count of runs of its queues that are
+    leasable now, taken from the ready index here in apply.
+
+    The choice is the state machine's, the same on every replica: any node can
+    propose for its pollers without knowing which runs other nodes' entries took,
+    so no entry names runs that are gone by the time it applies. The grants are run
+    records: the proposing node adds each job's payload from its own replica
+    (`lease_queue`), so no replica reads the job record in apply."""
+    now, lease_until = cmd["now"], cmd["lease_until"]
+    oldest_first = ctx.index % FAIR_EVERY == 0
+    grants = []
+    skipped = 0
+    for worker_id, queues, want in cmd["grants"]:
+        tasks: list[Record] = []
+        while len(tasks) < want:
+            found = queries.ready(ctx.txn, ctx.tables, queues, now, want - len(tasks), oldest_first)
+            if not found:
+                break
+            for _, run_id in found:  # each leaves the ready index, leased or skipped: the next read goes on
+                task = _grant(ctx, records.get_run(ctx, run_id), worker_id, now, lease_until)
+                if task is None:
+                    skipped += 1
+                else:
+                    tasks.append(task)
+        grants.append([worker_id, tasks])
+    return {"grants": grants, "skipped": skipped, "now": now}
+
+
+def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Grant each worker the runs named for it that are still leasable now (entries of
+    builds that chose the runs on the proposing node; `lease_ready` replaced it)."""
     now, lease_until = cmd["now"], cmd["lease_until"]
     grants = []
     skipped = 0
@@ -28,21 +59,30 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             run = records.get_run(ctx, run_id)
             if run is None or run["state"] not in LEASABLE_RUN_STATES or run["available_us"] > now:
                 continue
-            deadline = run["starting_deadline_us"] if "starting_deadline_us" in run else _job_deadline(ctx, run)
-            if run["attempt"] == 0 and deadline is not None and run["scheduled_us"] + deadline < now \
-                    and not run.get("trigger"):
-                records.update_run(ctx, run, dict(run, state=run_transition(run["state"], RunEvent.MISSED_DEADLINE),
-                                                  reason=Reason.DEADLINE.value, finished_us=now))
+            task = _grant(ctx, run, worker_id, now, lease_until)
+            if task is None:
                 skipped += 1
-                continue
-            attempt_deadline = now + run["timeout_us"] if run.get("timeout_us") else None
-            after = dict(run, state=run_transition(run["state"], RunEvent.LEASE), attempt=run["attempt"] + 1,
-                         worker_id=worker_id, fence=ctx.index, attempt_deadline_us=attempt_deadline,
-                         lease_until_us=_capped(lease_until, attempt_deadline))
-            records.update_run(ctx, run, after)
-            tasks.append(after)
+            else:
+                tasks.append(task)
         grants.append([worker_id, tasks])
     return {"grants": grants, "skipped": skipped, "now": now}
+
+
+def _grant(ctx: Ctx, run: Record, worker_id: str, now: int, lease_until: int) -> Record | None:
+    """Lease a leasable run to worker_id; None when its starting deadline has passed
+    (the run is skipped instead: it never started, and will not now)."""
+    deadline = run["starting_deadline_us"] if "starting_deadline_us" in run else _job_deadline(ctx, run)
+    if run["attempt"] == 0 and deadline is not None and run["scheduled_us"] + deadline < now \
+            and not run.get("trigger"):
+        records.update_run(ctx, run, dict(run, state=run_transition(run["state"], RunEvent.MISSED_DEADLINE),
+                                          reason=Reason.DEADLINE.value, finished_us=now))
+        return None
+    attempt_deadline = now + run["timeout_us"] if run.get("timeout_us") else None
+    after = dict(run, state=run_transition(run["state"], RunEvent.LEASE), attempt=run["attempt"] + 1,
+                 worker_id=worker_id, fence=ctx.index, attempt_deadline_us=attempt_deadline,
+                 lease_until_us=_capped(lease_until, attempt_deadline))
+    records.update_run(ctx, run, after)
+    return after
 
 
 def _job_deadline(ctx: Ctx, run: Record) -> int | None:

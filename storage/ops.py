@@ -27,6 +27,7 @@ class Op(IntEnum):
     UPDATE_JOB = 11
     TRIGGER_JOB = 12
     REDRIVE_RUN = 13
+    LEASE_READY = 14
 
 
 class CorruptEntry(Exception):

@@ -94,14 +94,14 @@ def due(txn: lmdb.Transaction, t: Tables, shards: Iterable[int], until_us: int,
 
 
 def ready(txn: lmdb.Transaction, t: Tables, queues: Iterable[str], now_us: int, limit: int,
-          exclude: set[str], oldest_first: bool = False) -> list[tuple[str, str]]:
+          oldest_first: bool = False) -> list[tuple[str, str]]:
     """(queue, run_id) leasable now across queues: highest priority first, or with
     oldest_first the longest-waiting runs whatever their priority."""
     found: list[tuple[int, str, str]] = []
     with txn.cursor(db=t.ready) as cur:
         for priority in range(keys.PRIORITY_MAX, -1, -1):
             for queue in queues:
-                found.extend(_ready_band(cur, queue, priority, now_us, limit, exclude))
+                found.extend(_ready_band(cur, queue, priority, now_us, limit))
                 if not oldest_first and len(found) >= limit:
                     return [(q, r) for _, q, r in found[:limit]]
     if oldest_first:
@@ -109,23 +109,18 @@ def ready(txn: lmdb.Transaction, t: Tables, queues: Iterable[str], now_us: int, 
     return [(q, r) for _, q, r in found[:limit]]
 
 
-def _ready_band(cur: lmdb.Cursor, queue: str, priority: int, now_us: int, limit: int,
-                exclude: set[str]) -> list[tuple[int, str, str]]:
+def _ready_band(cur: lmdb.Cursor, queue: str, priority: int, now_us: int, limit: int) -> list[tuple[int, str, str]]:
     prefix = keys.ready_prefix(queue, priority)
-    # Every key of this band available by now sorts below `end`, and every key past the
-    # band above it: one bytes comparison per key. A busy leader walks past its own
-    # in-flight runs here on every poll, so the walk stays cheap.
-    end = prefix + keys.u64(now_us + 1)
-    id_at = len(prefix) + 8
     out: list[tuple[int, str, str]] = []
     if not cur.set_range(prefix):
         return out
     for key in cur.iternext(keys=True, values=False):
-        if key >= end or len(out) >= limit:
+        if len(out) >= limit or not key.startswith(prefix):
             break
-        run_id = key[id_at:].decode()
-        if run_id not in exclude:
-            out.append((keys.read_u64(key[len(prefix):id_at]), queue, run_id))
+        available_us, run_id = keys.split_ready_key(key)
+        if available_us > now_us:
+            break
+        out.append((available_us, queue, run_id))
     return out
 
 

@@ -53,7 +53,7 @@ class Driver:
 
     def ready(self, now: int, queues: tuple[str, ...] = ("q",)) -> list[str]:
         with self.store.read() as txn:
-            return [r for _, r in queries.ready(txn, self.store.tables, list(queues), now, 10_000, set())]
+            return [r for _, r in queries.ready(txn, self.store.tables, list(queues), now, 10_000)]
 
     def claim_due(self, now: int, grace_us: int = 5 * S) -> list[str]:
         due = self.due(now)

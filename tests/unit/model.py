@@ -18,6 +18,7 @@ CATCHUP_SPACING_US = 100_000  # missed runs of one job are released this far apa
 CATCHUP_SPREAD_US = 1_000_000  # and the job's first one within this window after now
 PRUNE_SCAN_MAX = 32  # occurrences looked at per prune (records.prune_history's documented bound)
 JITTER_SPREAD = 0.2  # backoff: "deterministic jitter ±20%"
+FAIR_EVERY = 10  # every 10th LEASE_READY entry serves the longest-waiting runs first (leases.py)
 
 PENDING = frozenset({"queued", "retry_wait"})
 TERMINAL = frozenset({"succeeded", "skipped", "cancelled"})
@@ -275,7 +276,7 @@ class Model:
     def _new_run(self, ids: Ids, job: Rec, t: int, now: int, state: str, avail: tuple) -> Rec:
         assert not self.taken(job["job_id"], t), f"model: occurrence {job['job_id']}@{t} made twice"
         run = {"run_id": ids.next(), "job_id": job["job_id"], "scheduled_us": t, "state": state, "attempt": 0,
-               "priority": job["priority"], "max_attempts": job["max_attempts"], "backoff": job["backoff"],
+               "queue": job["queue"], "priority": job["priority"], "max_attempts": job["max_attempts"], "backoff": job["backoff"],
                "timeout_us": job["timeout_us"], "available_us": avail[1] if avail[0] == "exact" else None,
                "avail_check": None if avail[0] == "exact" else avail, "worker_id": None, "fence": 0,
                "lease_until_us": None, "attempt_deadline_us": None, "finished_us": None, "reason": None,
@@ -295,25 +296,56 @@ class Model:
     # -- leases ------------------------------------------------------------------------
 
     def lease(self, index: int, cmd: Rec) -> tuple[Any, bool]:
-        now, until, grants, skipped = cmd["now"], cmd["lease_until"], [], 0
+        """LEASE_BATCH: the entry names the runs."""
+        now, grants, skipped = cmd["now"], [], 0
         for worker, run_ids in cmd["grants"]:
             got = []
             for run_id in run_ids:
                 run = self.runs.get(run_id)
                 if run is None or run["state"] not in PENDING or run["available_us"] > now:
                     continue
-                deadline = run["starting_deadline_us"]  # the job's at claim time
-                if run["attempt"] == 0 and deadline is not None and run["scheduled_us"] + deadline < now \
-                        and not run["trigger"]:
-                    run.update(state="skipped", reason="deadline", finished_us=now)
+                if self._grant(run, worker, index, now, cmd["lease_until"]):
+                    got.append(run_id)
+                else:
                     skipped += 1
-                    continue
-                cap = now + run["timeout_us"] if run["timeout_us"] else None
-                run.update(state="running", attempt=run["attempt"] + 1, worker_id=worker, fence=index,
-                           attempt_deadline_us=cap, lease_until_us=until if cap is None else min(until, cap))
-                got.append(run_id)
             grants.append((worker, got))
         return (grants, skipped), skipped == 0 and not any(got for _, got in grants)
+
+    def lease_ready(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        """LEASE_READY: each worker in turn takes up to its count of ready runs of its queues:
+        highest priority first, then queue order, earliest available, id; every
+        FAIR_EVERY-th entry earliest available first whatever the priority."""
+        now, grants, skipped = cmd["now"], [], 0
+        for worker, queues, want in cmd["grants"]:
+            def order(r: Rec) -> tuple[Any, ...]:
+                if index % FAIR_EVERY == 0:
+                    return r["available_us"], r["queue"], r["run_id"].encode()
+                return -r["priority"], queues.index(r["queue"]), r["available_us"], r["run_id"].encode()
+            ready = sorted((r for r in self.runs.values()
+                            if r["state"] in PENDING and r["available_us"] <= now and r["queue"] in queues), key=order)
+            got = []
+            for run in ready:
+                if len(got) == want:
+                    break
+                if self._grant(run, worker, index, now, cmd["lease_until"]):
+                    got.append(run["run_id"])
+                else:
+                    skipped += 1
+            grants.append((worker, got))
+        return (grants, skipped), skipped == 0 and not any(got for _, got in grants)
+
+    @staticmethod
+    def _grant(run: Rec, worker: str, index: int, now: int, until: int) -> bool:
+        """Lease a leasable run; False when its starting deadline passed (it is skipped)."""
+        deadline = run["starting_deadline_us"]  # the job's at claim time
+        if run["attempt"] == 0 and deadline is not None and run["scheduled_us"] + deadline < now \
+                and not run["trigger"]:
+            run.update(state="skipped", reason="deadline", finished_us=now)
+            return False
+        cap = now + run["timeout_us"] if run["timeout_us"] else None
+        run.update(state="running", attempt=run["attempt"] + 1, worker_id=worker, fence=index,
+                   attempt_deadline_us=cap, lease_until_us=until if cap is None else min(until, cap))
+        return True
 
     def _holds(self, run_id: str, worker: str, fence: int, now: int) -> str | None:
         """None when (worker, fence) holds the live lease of run_id, else the error code."""

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import pathlib
 import re
+from typing import Any
 
 import pytest
 
 from storage import fsm, ops
+from storage.leases import FAIR_EVERY
 from storage.model import (JOB_TRANSITIONS, RUN_TRANSITIONS, IllegalTransition, JobEvent, JobState,
                            RunEvent, RunState, job_transition, run_transition)
 from storage.ops import Op
@@ -309,28 +311,67 @@ def test_oldest_first_serves_long_waiting_low_priority_runs(d: Driver) -> None:
     d.create("high", {"kind": "at", "at_us": T0 + 20 * S}, priority=9)
     d.claim_due(T0 + 20 * S)
     with d.store.read() as txn:
-        by_priority = queries.ready(txn, d.store.tables, ["q"], T0 + 30 * S, 1, set())
-        oldest = queries.ready(txn, d.store.tables, ["q"], T0 + 30 * S, 1, set(), oldest_first=True)
+        by_priority = queries.ready(txn, d.store.tables, ["q"], T0 + 30 * S, 1)
+        oldest = queries.ready(txn, d.store.tables, ["q"], T0 + 30 * S, 1, oldest_first=True)
     assert d.run(by_priority[0][1])["job_id"] == "high"
     assert d.run(oldest[0][1])["job_id"] == "low"
 
 
-def test_ready_reads_one_queue_up_to_now_skipping_excluded_runs(d: Driver) -> None:
-    from storage import queries
-    for i, (queue, at) in enumerate([("a", 10), ("a", 10), ("a", 11), ("a", 40), ("ab", 10), ("b", 10)]):
-        d.create(f"j{i}", {"kind": "at", "at_us": T0 + at * S}, queue=queue)
-    claimed = [r for at in (10, 11, 40) for r in d.claim_due(T0 + at * S)]
-    job_of = {r: d.run(r)["job_id"] for r in claimed}
-    by_job = {j: r for r, j in job_of.items()}
+def _lease_ready(d: Driver, now: int, grants: list[list[Any]]) -> dict[str, Any]:
+    return d.apply(Op.LEASE_READY, now=now, lease_until=now + 30 * S, grants=grants)
 
-    def ready(now_s: int, limit: int = 100, exclude: tuple[str, ...] = ()) -> list[str]:
-        with d.store.read() as txn:
-            found = queries.ready(txn, d.store.tables, ["a"], T0 + now_s * S, limit, {by_job[j] for j in exclude})
-        assert all(q == "a" for q, _ in found)
-        return [job_of[r] for _, r in found]
 
-    assert ready(10) == ["j0", "j1"]  # the run due at 11 s, and queue "ab", are not ready
-    assert ready(11) == ["j0", "j1", "j2"]
-    assert ready(11, exclude=("j0", "j2")) == ["j1"]
-    assert ready(11, limit=2, exclude=("j1",)) == ["j0", "j2"]
-    assert ready(40) == ["j0", "j1", "j2", "j3"]
+def _pad_to_fair_entry(d: Driver, fair: bool) -> None:
+    """Apply empty entries until the next one is (or is not) a longest-waiting-first entry."""
+    while ((d.index + 1) % FAIR_EVERY == 0) != fair:
+        d.apply(Op.EXPIRE_LEASES, now=T0, runs=[])
+
+
+def test_lease_ready_gives_each_worker_in_turn_the_next_runs_by_priority(d: Driver) -> None:
+    for i, priority in enumerate([0, 9, 5, 3]):
+        d.create(f"j{i}", AT, priority=priority)
+    d.create("elsewhere", AT, queue="other")
+    job_of = {r: d.run(r)["job_id"] for r in d.claim_due(T0 + 10 * S)}
+    _pad_to_fair_entry(d, False)
+    res = _lease_ready(d, T0 + 10 * S, [["w1", ["q"], 2], ["w2", ["q"], 5], ["w3", ["q"], 1]])
+    got = {w: [job_of[t["run_id"]] for t in tasks] for w, tasks in res["grants"]}
+    assert got == {"w1": ["j1", "j2"], "w2": ["j3", "j0"], "w3": []}
+    assert all(t["fence"] == d.index and t["worker_id"] == w and t["state"] == "running"
+               for w, tasks in res["grants"] for t in tasks)
+    assert d.ready(T0 + 10 * S, ("q", "other")) == [r for r, j in job_of.items() if j == "elsewhere"]
+
+
+def test_lease_ready_takes_only_available_runs_and_skips_past_deadline_ones_without_counting_them(d: Driver) -> None:
+    d.create("late", AT, starting_deadline_us=S)
+    d.create("now", {"kind": "at", "at_us": T0 + 20 * S})
+    d.create("soon", {"kind": "at", "at_us": T0 + 21 * S})
+    d.claim_due(T0 + 10 * S)
+    d.apply(Op.CLAIM_BATCH, now=T0 + 20 * S, grace_us=5 * S, claims=[list(c) for c in d.due(T0 + 21 * S)])
+    _pad_to_fair_entry(d, False)
+    res = _lease_ready(d, T0 + 20 * S, [["w", ["q"], 1]])
+    assert [d.run(t["run_id"])["job_id"] for t in res["grants"][0][1]] == ["now"]
+    assert res["skipped"] == 1
+    assert [(r["state"], r["reason"]) for r in d.runs("late")] == [("skipped", "deadline")]
+    assert [r["state"] for r in d.runs("soon")] == ["queued"]  # claimed ahead, available at 21 s
+
+
+@pytest.mark.parametrize("fair, first", [(False, "high"), (True, "low")])
+def test_every_fair_entry_serves_the_longest_waiting_run_first(d: Driver, fair: bool, first: str) -> None:
+    d.create("low", AT, priority=0)
+    d.claim_due(T0 + 10 * S)
+    d.create("high", {"kind": "at", "at_us": T0 + 20 * S}, priority=9)
+    d.claim_due(T0 + 20 * S)
+    _pad_to_fair_entry(d, fair)
+    (task,) = _lease_ready(d, T0 + 30 * S, [["w", ["q"], 1]])["grants"][0][1]
+    assert d.run(task["run_id"])["job_id"] == first
+
+
+def test_lease_ready_entries_give_byte_identical_replicas(tmp_path: pathlib.Path) -> None:
+    replicas = [Driver(str(tmp_path / f"r{i}")) for i in range(2)]
+    for r in replicas:
+        for i in range(5):
+            r.create(f"j{i}", AT, priority=i % 3)
+        r.claim_due(T0 + 10 * S)
+        _lease_ready(r, T0 + 10 * S, [["w1", ["q"], 2], ["w2", ["q", "other"], 2]])
+        _lease_ready(r, T0 + 11 * S, [["w1", ["q"], 3]])
+    assert replicas[0].digest() == replicas[1].digest()

@@ -164,7 +164,7 @@ def normalize(op: Op, res: Rec) -> Any:
         return [(r["job_id"], r["ok"], r.get("code")) for r in res["results"]]
     if op == Op.CLAIM_BATCH:
         return res["runs"], res["skipped"], res["stale"]
-    if op == Op.LEASE_BATCH:
+    if op in (Op.LEASE_BATCH, Op.LEASE_READY):
         return [(w, [task["run_id"] for task in tasks]) for w, tasks in res["grants"]], res["skipped"]
     if op == Op.HEARTBEAT:
         return [(r["run_id"], r["ok"], r.get("code"), r.get("lease_until_us")) for r in res["results"]]
@@ -280,7 +280,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         before = state_digest(self.d) if rejected else None
         result = self.d.apply(op, **payload)
         self.log.append((op, copy.deepcopy(payload)))
-        if op == Op.LEASE_BATCH:
+        if op in (Op.LEASE_BATCH, Op.LEASE_READY):
             self.granted += [(t["run_id"], w, t["fence"]) for w, tasks in result["grants"] for t in tasks]
         got = normalize(op, result)
         assert got == expected, f"{op.name}: store answered {got}, model expected {expected}"
@@ -399,6 +399,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         grants = [[workers[0], ids]] + [[w, ids[::-1]] for w in workers[1:]]  # a second worker asks for the same
         self.propose(Op.LEASE_BATCH, self.model.lease, now=self.now, lease_until=self.now + lease_s * S,
                      grants=grants)
+
+    @rule(polls=st.lists(st.tuples(st.sampled_from(WORKERS), st.sampled_from([("q",), ("other", "q"), ("other",)]),
+                                   st.integers(1, 4)), min_size=1, max_size=3),
+          lease_s=st.sampled_from([2, 5, 30]), dt=SMALL_STEPS)
+    def lease_ready(self, polls: list[tuple[str, tuple[str, ...], int]], lease_s: int, dt: int) -> None:
+        """Polls of one or more workers as a node coalesces them: apply picks the runs."""
+        self.now += dt
+        self.propose(Op.LEASE_READY, self.model.lease_ready, now=self.now, lease_until=self.now + lease_s * S,
+                     grants=[[worker, list(queues), want] for worker, queues, want in polls])
 
     def _pick_lease(self, i: int, mode: str) -> tuple[str, str, int]:
         """(run_id, worker_id, fence): the holder of a lease (live ones first), or a wrong one."""
