@@ -66,9 +66,9 @@ def phases(replica: Replica, jobs: int) -> list[tuple[str, Callable[[], None]]]:
             run_ids.extend(result["runs"])
 
     def lease() -> None:
-        for batch in _chunks(run_ids, LEASE_BATCH):
-            result = replica.apply(Op.LEASE_BATCH, {"now": due, "lease_until": due + 30 * S,
-                                                    "grants": [["worker-1", batch]]})
+        for _ in _chunks(run_ids, LEASE_BATCH):
+            result = replica.apply(Op.LEASE_READY, {"now": due, "lease_until": due + 30 * S,
+                                                    "grants": [["worker-1", ["bench"], LEASE_BATCH]]})
             tasks.extend(result["grants"][0][1])
 
     def ack() -> None:
