@@ -6,7 +6,7 @@ ack and nack must present the fence and worker they were given; anything else
 is a deterministic `stale_fence` result that changes nothing."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from storage import queries, records, retry
 from storage.model import LEASABLE_RUN_STATES, JobState, Reason, RunEvent, RunState, run_transition
@@ -37,12 +37,9 @@ def lease_ready(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             found = queries.ready(ctx.txn, ctx.tables, queues, now, want - len(tasks), oldest_first)
             if not found:
                 break
-            for _, run_id in found:  # each leaves the ready index, leased or skipped: the next read goes on
-                task = _grant(ctx, records.get_run(ctx, run_id), worker_id, now, lease_until)
-                if task is None:
-                    skipped += 1
-                else:
-                    tasks.append(task)
+            # Each run found leaves the ready index, leased or skipped: the next read goes on.
+            skipped += _grant_each(ctx, (records.get_run(ctx, run_id) for _, run_id in found), worker_id, now,
+                                   lease_until, tasks)
         grants.append([worker_id, tasks])
     return {"grants": grants, "skipped": skipped, "now": now}
 
@@ -54,18 +51,27 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     grants = []
     skipped = 0
     for worker_id, run_ids in cmd["grants"]:
-        tasks = []
-        for run_id in run_ids:
-            run = records.get_run(ctx, run_id)
-            if run is None or run["state"] not in LEASABLE_RUN_STATES or run["available_us"] > now:
-                continue
-            task = _grant(ctx, run, worker_id, now, lease_until)
-            if task is None:
-                skipped += 1
-            else:
-                tasks.append(task)
+        tasks: list[Record] = []
+        # Lazily: a run named twice is leasable only the first time.
+        leasable = (run for run in (records.get_run(ctx, run_id) for run_id in run_ids)
+                    if run is not None and run["state"] in LEASABLE_RUN_STATES and run["available_us"] <= now)
+        skipped += _grant_each(ctx, leasable, worker_id, now, lease_until, tasks)
         grants.append([worker_id, tasks])
     return {"grants": grants, "skipped": skipped, "now": now}
+
+
+def _grant_each(ctx: Ctx, runs: Iterable[Record], worker_id: str, now: int, lease_until: int,
+                tasks: list[Record]) -> int:
+    """Lease each leasable run to worker_id, adding it to tasks; returns how many were
+    skipped instead because their starting deadline had passed."""
+    skipped = 0
+    for run in runs:
+        task = _grant(ctx, run, worker_id, now, lease_until)
+        if task is None:
+            skipped += 1
+        else:
+            tasks.append(task)
+    return skipped
 
 
 def _grant(ctx: Ctx, run: Record, worker_id: str, now: int, lease_until: int) -> Record | None:
