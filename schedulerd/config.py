@@ -19,8 +19,10 @@ class NodeConfig:
     # How often the group leader scans the due index and the lease-expiry index.
     scan_interval_s: float = 0.1
     # Claim occurrences this far ahead of their time, so the run is already in the
-    # ready queue (available at its scheduled time) when it comes due.
-    lookahead_s: float = 1.0
+    # ready queue (available at its scheduled time) when it comes due. 4 s, not 1: a
+    # midnight spike's claims are then mostly done before midnight, and leases and
+    # acks alone are left for the second itself (docs/decisions.md).
+    lookahead_s: float = 4.0
     # An occurrence claimed more than this after its time was missed (no leader, cluster
     # down): its job's misfire_policy decides. Below it, a late occurrence just runs late.
     misfire_grace_s: float = 5.0
