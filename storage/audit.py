@@ -46,8 +46,8 @@ def _record(ctx: Ctx, now_us: int, note: dict[str, Any], outcome: str) -> None:
     key = keys.u64(ctx.index) + keys.u64(ctx.audits_made)  # several records of one entry keep their order
     ctx.audits_made += 1
     ctx.txn.put(key, pack({"at_us": now_us, "raft_index": ctx.index, "who": str(note.get("who", "?")),
-                                "what": str(note.get("what", "?")), "via": str(note.get("via", "")),
-                                "outcome": outcome}), db=table)
+                           "what": str(note.get("what", "?")), "via": str(note.get("via", "")),
+                           "outcome": outcome}), db=table)
     excess = ctx.txn.stat(table)["entries"] - AUDIT_RECORDS_MAX
     if excess > 0:
         with ctx.txn.cursor(db=table) as cur:
