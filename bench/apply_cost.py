@@ -66,7 +66,7 @@ def phases(replica: Replica, jobs: int) -> list[tuple[str, Callable[[], None]]]:
             run_ids.extend(result["runs"])
 
     def lease() -> None:
-        for _ in _chunks(run_ids, LEASE_BATCH):
+        for _ in range(0, len(run_ids), LEASE_BATCH):
             result = replica.apply(Op.LEASE_READY, {"now": due, "lease_until": due + 30 * S,
                                                     "grants": [["worker-1", ["bench"], LEASE_BATCH]]})
             tasks.extend(result["grants"][0][1])

@@ -101,7 +101,9 @@ def ready(txn: lmdb.Transaction, t: Tables, queues: Iterable[str], now_us: int, 
     with txn.cursor(db=t.ready) as cur:
         for priority in range(keys.PRIORITY_MAX, -1, -1):
             for queue in queues:
-                found.extend(_ready_band(cur, queue, priority, now_us, limit))
+                # By priority, a band only needs to fill what the bands before it left;
+                # oldest first, any band may hold the oldest `limit`.
+                found.extend(_ready_band(cur, queue, priority, now_us, limit if oldest_first else limit - len(found)))
                 if not oldest_first and len(found) >= limit:
                     return [(q, r) for _, q, r in found[:limit]]
     if oldest_first:

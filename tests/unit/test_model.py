@@ -35,7 +35,7 @@ from storage import keys, queries
 from storage.db import DB_NAMES, LAST_APPLIED
 from storage.model import JOB_TRANSITIONS, RUN_TRANSITIONS
 from storage.ops import Op
-from storage.records import unpack
+from storage.codec import unpack
 from tests.unit.fsm_driver import S, T0, Driver
 from tests.unit.model import PENDING, TERMINAL, Model, next_at_or_after
 
