@@ -9,7 +9,10 @@ proposal, changes nothing.
 An occurrence more than `grace_us` in the past at claim time was missed (the
 group had no leader, or the cluster was down): the job's misfire_policy
 decides what runs, over at most catchup_limit of the newest missed
-occurrences; older ones get one summary record."""
+occurrences; older ones get one summary record.
+
+A pause or an update can give back what was claimed ahead of its time
+(`withdraw_ahead`), so claiming early never changes what those commands mean."""
 from __future__ import annotations
 
 import zlib
@@ -157,3 +160,29 @@ def _advance(ctx: Ctx, job: Record, nxt: int | None, fire_us: int, now: int) -> 
     if nxt is None:
         job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
     records.put_job(ctx, job, fire_us, was)
+
+
+def withdraw_ahead(ctx: Ctx, job: Record, now: int) -> None:
+    """Give back the occurrences claimed ahead of their time that have not started: runs
+    scheduled after `now`, queued or skipped by the overlap rule (a trigger stays). Their
+    runs and occurrence keys go and the job's next fire time moves back to the earliest,
+    so the command that follows treats them as never claimed. Only a scheduled or a
+    completed job holds such runs: a pause gives them back, a cancel cancels them."""
+    was, old_fire = job["state"], job["next_fire_us"]
+    if was not in (JobState.SCHEDULED, JobState.COMPLETED):
+        return
+    withdrawn: int | None = None
+    for run_id in records.occurrence_runs(ctx, job["job_id"], after_us=now):
+        run = records.get_run(ctx, run_id)
+        if run is None or run["trigger"] or run["state"] not in (RunState.QUEUED, RunState.SKIPPED):
+            continue
+        records.delete_run(ctx, run)
+        withdrawn = run["scheduled_us"] if withdrawn is None else withdrawn
+    if withdrawn is None:
+        return
+    if old_fire is None or withdrawn < old_fire:
+        job["next_fire_us"] = withdrawn
+    if was == JobState.COMPLETED:
+        job["state"] = job_transition(was, JobEvent.REARM)
+    job["updated_us"] = now
+    records.put_job(ctx, job, old_fire, was)

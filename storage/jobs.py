@@ -84,8 +84,18 @@ def _pending_runs(ctx: Ctx, job_id: str) -> list[Record]:
     return [r for r in runs if r is not None and r["state"] in (RunState.QUEUED, RunState.RETRY_WAIT)]
 
 
+def _withdraw_ahead(ctx: Ctx, job: Record, cmd: dict[str, Any]) -> None:
+    """Entries proposed before `withdraw_ahead` existed apply as they did then, so a
+    replica that replays one after an upgrade ends where the others did."""
+    if cmd.get("withdraw_ahead"):
+        claims.withdraw_ahead(ctx, job, cmd["now"])
+
+
 def pause_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    job, err = _live_job(ctx, cmd["job_id"])
+    job = records.get_job(ctx, cmd["job_id"])
+    if job is not None:
+        _withdraw_ahead(ctx, job, cmd)
+    err = _not_live(job, cmd["job_id"])
     if err:
         return err
     if job["state"] == JobState.SCHEDULED:
@@ -97,7 +107,8 @@ def pause_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
 
 def resume_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     """Re-arm from now: what fell inside the pause is not caught up (paused = off on purpose)."""
-    job, err = _live_job(ctx, cmd["job_id"])
+    job = records.get_job(ctx, cmd["job_id"])
+    err = _not_live(job, cmd["job_id"])
     if err:
         return err
     if job["state"] == JobState.PAUSED:
@@ -117,13 +128,12 @@ def _rearm(schedule: dict[str, Any], now: int) -> int | None:
     return cron.next_after(schedule, now)
 
 
-def _live_job(ctx: Ctx, job_id: str) -> tuple[Record, dict[str, Any] | None]:
-    job = records.get_job(ctx, job_id)
+def _not_live(job: Record | None, job_id: str) -> dict[str, Any] | None:
     if job is None:
-        return {}, _fail("not_found", f"no job {job_id!r}")
+        return _fail("not_found", f"no job {job_id!r}")
     if job["state"] in (JobState.CANCELLED, JobState.COMPLETED):
-        return job, _fail("conflict", f"job {job_id!r} is {job['state']}")
-    return job, None
+        return _fail("conflict", f"job {job_id!r} is {job['state']}")
+    return None
 
 
 def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -134,6 +144,7 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         return _fail("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
         return _fail("conflict", f"job {job_id!r} is cancelled")
+    _withdraw_ahead(ctx, job, cmd)
     old_fire, was = job["next_fire_us"], job["state"]
     job.update({k: v for k, v in changes.items() if k in UPDATABLE}, updated_us=now)
     if "schedule" in changes:

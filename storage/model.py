@@ -89,7 +89,8 @@ JOB_TRANSITIONS: dict[tuple[JobState, JobEvent], JobState] = {
     (J.COMPLETED, JobEvent.CANCEL): J.CANCELLED,
     (J.SCHEDULED, JobEvent.PAUSE): J.PAUSED,
     (J.PAUSED, JobEvent.RESUME): J.SCHEDULED,
-    # An update gives a completed job a schedule with a future occurrence again.
+    # An update gives a completed job a schedule with a future occurrence again, or a
+    # pause or update withdraws the occurrence it had claimed ahead of its time.
     (J.COMPLETED, JobEvent.REARM): J.SCHEDULED,
 }
 

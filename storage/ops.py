@@ -10,7 +10,12 @@ from typing import Any
 
 from storage import codec
 
-VERSION = 1
+# The version this build writes, and those it reads. A version is raised when an entry
+# kind's rules change in a way an older build would apply differently: that build then
+# stops on the entry (CorruptEntry) instead of letting its replica diverge.
+# 2 (2026-11-30): PAUSE_JOB and UPDATE_JOB may carry `withdraw_ahead`.
+VERSION = 2
+READABLE_VERSIONS = frozenset({1, 2})
 
 
 class Op(IntEnum):
@@ -43,8 +48,8 @@ def decode(blob: bytes) -> tuple[Op, dict[str, Any]]:
         op, version, payload = codec.unpack(blob)
     except Exception as exc:
         raise CorruptEntry(f"undecodable entry: {exc}") from exc
-    if version != VERSION:
-        raise CorruptEntry(f"entry version {version}, this build reads {VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise CorruptEntry(f"entry version {version}, this build reads {sorted(READABLE_VERSIONS)}")
     try:
         return Op(op), payload
     except ValueError:

@@ -179,12 +179,13 @@ def _unindex_run(ctx: Ctx, run: Record) -> None:
         ctx.txn.delete(keys.dead_letter_key(run["finished_us"], run["run_id"]), db=ctx.tables.dead_letters)
 
 
-def occurrence_runs(ctx: Ctx, job_id: str, limit: int | None = None) -> list[str]:
-    """Run ids of one job, oldest occurrence first."""
+def occurrence_runs(ctx: Ctx, job_id: str, limit: int | None = None, after_us: int | None = None) -> list[str]:
+    """Run ids of one job, oldest occurrence first (only those scheduled after `after_us`, if given)."""
     prefix = keys.occurrence_prefix(job_id)
+    start = prefix if after_us is None else keys.occurrence_key(job_id, after_us + 1)
     out: list[str] = []
     with ctx.txn.cursor(db=ctx.tables.occurrences) as cur:
-        if not cur.set_range(prefix):
+        if not cur.set_range(start):
             return out
         for key, value in cur:
             if not key.startswith(prefix):

@@ -71,6 +71,25 @@ def test_pause_resume_update_trigger_cancel(make_cluster) -> None:
     assert node.post("/v1/jobs/nope/resume", {})[0] == 404
 
 
+def test_pause_and_patch_just_before_a_claimed_occurrence_still_act_on_it(make_cluster) -> None:
+    """The node claims occurrences lookahead_s (4 s) early; a pause or a PATCH sent in that
+    window must still stop or change the occurrence, as it would a minute before."""
+    node = make_cluster(1).nodes[0]
+    due = datetime.now(timezone.utc) + timedelta(seconds=3.5)
+    assert node.post("/v1/jobs", {"job_id": "soon", "schedule": {"at": _iso(due)}, "queue": "q"})[0] == 201
+    wait_until(lambda: node.get("/v1/jobs/soon/runs")[1]["runs"], 3, "the occurrence claimed ahead")
+    status, patched = http("PATCH", node.url + "/v1/jobs/soon", {"queue": "q2"})
+    status, paused = node.post("/v1/jobs/soon/pause", {})
+    assert datetime.now(timezone.utc) < due, "too slow: the occurrence came due before the pause answered"
+    assert patched["state"] == "scheduled" and status == 200 and paused["state"] == "paused"
+    assert node.get("/v1/jobs/soon/runs")[1]["runs"] == []
+    status, resumed = node.post("/v1/jobs/soon/resume", {})
+    assert resumed["state"] == "scheduled"
+    status, body = node.post("/v1/tasks/poll", {"worker_id": "w", "queues": ["q2"], "wait_s": 8})
+    (task,) = body["tasks"]
+    assert task["scheduled_time"] == _iso(due).replace("+00:00", "Z")
+
+
 def test_dead_letter_list_and_redrive(make_cluster) -> None:
     node = make_cluster(1).nodes[0]
     at = _iso(datetime.now(timezone.utc) - timedelta(seconds=1))

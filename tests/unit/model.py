@@ -138,7 +138,25 @@ class Model:
             return None, (False, "conflict")
         return job, None
 
+    def _withdraw_ahead(self, job: Rec | None, cmd: Rec) -> bool:
+        """Runs claimed ahead of their time and not started (queued or skipped, not a trigger)
+        are given back: deleted, the job re-armed at the earliest. Only when the entry asks."""
+        if job is None or not cmd.get("withdraw_ahead") or job["state"] not in ("scheduled", "completed"):
+            return False
+        ahead = [r for r in self.job_runs(job["job_id"])
+                 if r["scheduled_us"] > cmd["now"] and not r["trigger"] and r["state"] in ("queued", "skipped")]
+        if not ahead:
+            return False
+        for run in ahead:
+            del self.runs[run["run_id"]]
+        earliest = ahead[0]["scheduled_us"]
+        if job["next_fire_us"] is None or earliest < job["next_fire_us"]:
+            job["next_fire_us"] = earliest
+        job["state"] = "scheduled"
+        return True
+
     def pause(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        self._withdraw_ahead(self.jobs.get(cmd["job_id"]), cmd)
         job, err = self._live(cmd["job_id"])
         if err:
             return err, True
@@ -165,6 +183,7 @@ class Model:
             return (False, "not_found"), True
         if job["state"] == "cancelled":
             return (False, "conflict"), True
+        self._withdraw_ahead(job, cmd)
         changes = cmd["changes"]
         job.update({k: v for k, v in changes.items() if k != "schedule_spec"})
         if "schedule" in changes and job["state"] != "paused":

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from storage import fsm, ops
+from storage import codec, fsm, ops
 from storage.leases import FAIR_EVERY
 from storage.model import (JOB_TRANSITIONS, RUN_TRANSITIONS, IllegalTransition, JobEvent, JobState,
                            RunEvent, RunState, job_transition, run_transition)
@@ -245,7 +245,17 @@ def test_corrupt_or_unknown_entries_are_fatal(d: Driver) -> None:
     import msgpack
     with pytest.raises(fsm.FatalApplyError, match="unknown op"):
         fsm.apply(d.store, 1, msgpack.packb([250, ops.VERSION, {}]))
+    with pytest.raises(fsm.FatalApplyError, match="entry version 3"):  # from a newer build
+        fsm.apply(d.store, 1, msgpack.packb([int(Op.PAUSE_JOB), 3, {"now": T0, "job_id": "a"}]))
     assert d.store.last_applied() == 0
+
+
+def test_entries_written_at_version_1_still_apply(d: Driver) -> None:
+    d.create("a", AT)
+    d.index += 1
+    fsm.apply(d.store, d.index, codec.pack([int(Op.PAUSE_JOB), 1, {"now": T0, "job_id": "a"}]))
+    d.store.commit_applied()
+    assert d.job("a")["state"] == "paused"
 
 
 def test_same_commands_give_byte_identical_replicas(tmp_path: pathlib.Path) -> None:

@@ -102,6 +102,13 @@ ZOMBIE_OPS = st.sampled_from([Op.ACK, Op.NACK, Op.HEARTBEAT, Op.EXPIRE_LEASES])
 LEASE_MODES = st.sampled_from(["holder", "holder", "holder", "zombie", "wrong_fence", "wrong_worker", "ghost"])
 SMALL_STEPS = st.one_of(st.just(0), st.integers(1, 3 * S))
 PICK = st.integers(0, 63)
+# A pause or update proposed by this version withdraws what was claimed ahead; one from an
+# older version (no flag) must still apply as it did.
+WITHDRAW = st.sampled_from([True, True, False])
+
+
+def withdraw_ahead(withdraw: bool) -> Rec:
+    return {"withdraw_ahead": True} if withdraw else {}
 
 
 def resolve(schedule: tuple[str, int], now: int) -> Rec:
@@ -219,8 +226,9 @@ def check_store(snap: Snapshot) -> None:
             f"job_stats[{job_id}] = {snap.stats.get(job_id)}, its runs say {counted}"
 
 
-def check_transitions(before: Snapshot, after: Snapshot) -> None:
-    """Across one command: states move along the tables, fences and attempts only grow."""
+def check_transitions(before: Snapshot, after: Snapshot, now: int | None) -> None:
+    """Across one command: states move along the tables, fences and attempts only grow;
+    a run goes away only when it is finished or was claimed ahead of `now` and never started."""
     for run_id, run in after.runs.items():
         old = before.runs.get(run_id)
         if old is None:
@@ -231,16 +239,22 @@ def check_transitions(before: Snapshot, after: Snapshot) -> None:
         assert run["fence"] >= old["fence"] and run["attempt"] >= old["attempt"], f"{run_id}: fence/attempt shrank"
         if run["state"] == "running" and (old["state"] != "running" or run["fence"] != old["fence"]):
             assert run["fence"] > old["fence"], f"{run_id}: re-leased without a greater fence"
+    withdrew = False
     for run_id, old in before.runs.items():
         if run_id not in after.runs:
-            assert old["state"] in TERMINAL, f"{run_id} deleted while {old['state']}"
+            ahead = now is not None and old["scheduled_us"] > now and not old["trigger"]
+            assert old["state"] in TERMINAL or (ahead and old["state"] == "queued"), \
+                f"{run_id} deleted while {old['state']}"
+            withdrew = withdrew or ahead
     for job_id, job in after.jobs.items():
         old = before.jobs.get(job_id)
         if old is None:
             assert job["state"] in ("scheduled", "completed"), f"job {job_id} born {job['state']}"
         else:
             move = (old["state"], job["state"])
-            assert move[0] == move[1] or move in LEGAL_JOB, f"job {job_id}: illegal {move[0]} -> {move[1]}"
+            # A pause that withdraws a completed job's run claimed ahead re-arms it, then pauses it.
+            two_steps = withdrew and move == ("completed", "paused")
+            assert move[0] == move[1] or move in LEGAL_JOB or two_steps, f"job {job_id}: illegal {move[0]} -> {move[1]}"
     assert before.jobs.keys() <= after.jobs.keys(), "a job disappeared"
 
 
@@ -289,7 +303,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert state_digest(self.d) == before, f"{op.name} changed nothing per the model, but the store changed"
         snap = scan(self.d)
         check_store(snap)
-        check_transitions(self.snap, snap)
+        check_transitions(self.snap, snap, payload.get("now"))
         self.snap = snap
         self.model.settle(snap.runs)
         check_model(self.model, snap)
@@ -326,19 +340,20 @@ class SchedulerMachine(RuleBasedStateMachine):
     def cancel(self, job_id: str) -> None:
         self.propose(Op.CANCEL_JOB, self.model.cancel, now=self.now, job_id=job_id)
 
-    @rule(job_id=st.sampled_from(TARGETS))
-    def pause(self, job_id: str) -> None:
-        self.propose(Op.PAUSE_JOB, self.model.pause, now=self.now, job_id=job_id)
+    @rule(job_id=st.sampled_from(TARGETS), withdraw=WITHDRAW)
+    def pause(self, job_id: str, withdraw: bool) -> None:
+        self.propose(Op.PAUSE_JOB, self.model.pause, now=self.now, job_id=job_id, **withdraw_ahead(withdraw))
 
     @rule(job_id=st.sampled_from(TARGETS))
     def resume(self, job_id: str) -> None:
         self.propose(Op.RESUME_JOB, self.model.resume, now=self.now, job_id=job_id)
 
-    @rule(job_id=st.sampled_from(TARGETS), changes=CHANGES)
-    def update(self, job_id: str, changes: Rec) -> None:
+    @rule(job_id=st.sampled_from(TARGETS), changes=CHANGES, withdraw=WITHDRAW)
+    def update(self, job_id: str, changes: Rec, withdraw: bool) -> None:
         if "schedule" in changes:
             changes = dict(changes, schedule=resolve(changes["schedule"], self.now), schedule_spec={})
-        self.propose(Op.UPDATE_JOB, self.model.update, now=self.now, job_id=job_id, changes=changes)
+        self.propose(Op.UPDATE_JOB, self.model.update, now=self.now, job_id=job_id, changes=changes,
+                     **withdraw_ahead(withdraw))
 
     @rule(job_id=st.sampled_from(TARGETS), align=st.booleans(), ahead=st.integers(0, 3))
     def trigger(self, job_id: str, align: bool, ahead: int) -> None:

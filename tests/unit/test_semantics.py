@@ -237,6 +237,67 @@ def test_update_rearms_a_completed_one_off(d: Driver) -> None:
     assert d.job("a")["state"] == JobState.SCHEDULED and d.job("a")["next_fire_us"] == T0 + 50 * S
 
 
+def _claim_ahead(d: Driver, job_id: str, now: int, lookahead: int = 4 * S) -> str:
+    """The leader's scan at `now` claims what is due up to `lookahead` later."""
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=now, grace_us=5 * S,
+                        claims=[list(item) for item in d.due(now + lookahead)])["runs"]
+    assert d.run(run_id)["scheduled_us"] > now
+    return run_id
+
+
+def test_pause_withdraws_an_occurrence_claimed_ahead(d: Driver) -> None:
+    d.create("e", EVERY5)
+    run_id = _claim_ahead(d, "e", T0 + 2 * S)  # the T0+5 occurrence, 3 s early
+    assert d.apply(Op.PAUSE_JOB, now=T0 + 3 * S, job_id="e", withdraw_ahead=True)["ok"]
+    assert d.run(run_id) is None and d.runs("e") == [] and d.ready(T0 + 5 * S) == []
+    assert d.job("e")["state"] == JobState.PAUSED and d.due(T0 + 1000 * S) == []
+    # Resumed before its time, the occurrence is claimed again, once.
+    d.apply(Op.RESUME_JOB, now=T0 + 4 * S, job_id="e")
+    assert d.job("e")["next_fire_us"] == T0 + 5 * S
+    d.claim_due(T0 + 5 * S)
+    assert states(d, "e") == [(5, "queued", None)]
+
+
+def test_pause_of_a_one_off_claimed_ahead_is_a_pause_not_a_conflict(d: Driver) -> None:
+    d.create("a", {"kind": "at", "at_us": T0 + 10 * S})
+    _claim_ahead(d, "a", T0 + 7 * S)
+    assert d.job("a")["state"] == JobState.COMPLETED
+    assert d.apply(Op.PAUSE_JOB, now=T0 + 8 * S, job_id="a", withdraw_ahead=True)["ok"]
+    assert d.job("a")["state"] == JobState.PAUSED and d.runs("a") == []
+    d.apply(Op.RESUME_JOB, now=T0 + 20 * S, job_id="a")  # it never ran: it runs late, not never
+    assert d.job("a")["next_fire_us"] == T0 + 20 * S
+
+
+def test_update_reclaims_an_occurrence_claimed_ahead_with_the_new_definition(d: Driver) -> None:
+    d.create("e", EVERY5, overlap_policy="skip")
+    d.apply(Op.TRIGGER_JOB, now=T0 + 1 * S, job_id="e")  # open, so the T0+5 claim is skipped for overlap
+    d.apply(Op.CLAIM_BATCH, now=T0 + 2 * S, claims=[["e", T0 + 5 * S]])
+    assert states(d, "e") == [(1, "queued", None), (5, "skipped", "overlap")]
+    assert d.apply(Op.UPDATE_JOB, now=T0 + 3 * S, job_id="e", withdraw_ahead=True,
+                   changes={"overlap_policy": "allow", "priority": 7})["ok"]
+    assert states(d, "e") == [(1, "queued", None)]  # the trigger stays: it was asked for now
+    assert d.job("e")["next_fire_us"] == T0 + 5 * S
+    (run_id,) = d.claim_due(T0 + 5 * S)
+    assert d.run(run_id)["priority"] == 7 and d.run(run_id)["scheduled_us"] == T0 + 5 * S
+
+
+def test_an_occurrence_already_due_or_leased_is_not_withdrawn(d: Driver) -> None:
+    d.create("e", {"kind": "every", "every_us": S, "anchor_us": T0})
+    while d.due(T0 + 3 * S):  # one step per claim: T0+1, T0+2 and, ahead, T0+3
+        d.claim_due(T0 + 3 * S)
+    (task,) = d.lease(T0 + S, run_ids=[d.runs("e")[0]["run_id"]])
+    assert d.apply(Op.PAUSE_JOB, now=T0 + 2 * S, job_id="e", withdraw_ahead=True)["ok"]
+    assert states(d, "e") == [(1, "running", None), (2, "queued", None)]
+    assert d.run(task["run_id"])["fence"] == task["fence"]
+
+
+def test_a_pause_entry_from_before_withdraw_ahead_applies_as_it_did(d: Driver) -> None:
+    d.create("e", EVERY5)
+    run_id = _claim_ahead(d, "e", T0 + 2 * S)
+    d.apply(Op.PAUSE_JOB, now=T0 + 3 * S, job_id="e")  # no flag: proposed by an older node
+    assert d.run(run_id)["state"] == RunState.QUEUED
+
+
 def test_trigger_adds_an_occurrence_with_its_own_key(d: Driver) -> None:
     d.create("e", EVERY5, overlap_policy="skip")
     d.claim_due(T0 + 5 * S)
