@@ -24,7 +24,11 @@ STEP_DOWN_RETRY_S = 2.0  # a transfer takes about an election; ask again after t
 class LeaderLoops:
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.stats = {"claimed": 0, "skipped": 0, "claims_stale": 0, "expired": 0, "dead_letter": 0, "scan_errors": 0}
+        self.stats = {"claimed": 0, "skipped": 0, "claims_stale": 0, "claims_deferred": 0, "expired": 0,
+                      "dead_letter": 0, "scan_errors": 0}
+        # Per group, the (job_id, fire_us) that apply deferred for the overlap rule: not
+        # proposed again before they are due, or each scan would carry them until then.
+        self._deferred: dict[int, set[tuple[str, int]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -62,6 +66,9 @@ class LeaderLoops:
         until = now + int(cfg.lookahead_s * 1_000_000)
         with self.node.read(group) as (txn, tables):
             due = queries.due(txn, tables, self.node.shards_of(group), until, limits.scan_batch_max)
+        deferred = self._deferred.setdefault(group.group_id, set())
+        deferred -= {item for item in deferred if item[1] <= now}
+        due = [item for item in due if item not in deferred]
         if not due:
             return False
         due.sort(key=lambda item: item[1])
@@ -72,6 +79,8 @@ class LeaderLoops:
         self.stats["claimed"] += len(result["runs"])
         self.stats["skipped"] += result["skipped"]
         self.stats["claims_stale"] += result["stale"]
+        self.stats["claims_deferred"] += len(result["deferred"])
+        deferred.update((job_id, fire) for job_id, fire in result["deferred"])
         log.debug("claim_batch group=%d claimed=%d stale=%d", group.group_id, len(result["runs"]), result["stale"])
         return len(due) > len(batch)
 

@@ -51,17 +51,14 @@ def routes(node: Node) -> list[web.RouteDef]:
         if "queue" in changes:
             changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
         await _job_command(node, Op.UPDATE_JOB, job_id, {
-            "changes": changes, "withdraw_ahead": True, "audit": audit_note(request, f"update job {job_id}: {', '.join(sorted(raw))}")})
+            "changes": changes, "audit": audit_note(request, f"update job {job_id}: {', '.join(sorted(raw))}")})
         return web.json_response(_job_view(node, job_id))
 
     def lifecycle(op: Op) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             job_id = _job_id(request)
             verb = {Op.PAUSE_JOB: "pause", Op.RESUME_JOB: "resume", Op.TRIGGER_JOB: "trigger"}[op]
-            payload: dict[str, Any] = {"audit": audit_note(request, f"{verb} job {job_id}")}
-            if op == Op.PAUSE_JOB:
-                payload["withdraw_ahead"] = True
-            result = await _job_command(node, op, job_id, payload)
+            result = await _job_command(node, op, job_id, {"audit": audit_note(request, f"{verb} job {job_id}")})
             if op == Op.TRIGGER_JOB:
                 return web.json_response({"run": views.run(result["run"])}, status=201)
             return web.json_response(_job_view(node, job_id))

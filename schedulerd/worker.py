@@ -409,8 +409,9 @@ class Worker:
     def _lose(self, lease: _Lease) -> None:
         if not lease.lost:
             lease.lost = True
-            self.stats.lease_lost += 1
+            # Logged before counted: whoever waits on the count finds the line written.
             log.warning("lease_lost run_id=%s fence=%d", lease.task.run_id, lease.task.fence)
+            self.stats.lease_lost += 1
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()

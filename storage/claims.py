@@ -11,14 +11,19 @@ group had no leader, or the cluster was down): the job's misfire_policy
 decides what runs, over at most catchup_limit of the newest missed
 occurrences; older ones get one summary record.
 
-A pause or an update can give back what was claimed ahead of its time
-(`withdraw_ahead`), so claiming early never changes what those commands mean."""
+An occurrence claimed ahead of its time that the overlap rule would skip now
+is deferred, not skipped: the rule is about the occurrence's time, and the open
+run may be done by then. The leader proposes it again once it is due.
+
+A pause or an update gives back what was claimed ahead of its time
+(`withdraw_ahead`), so claiming early never changes what those commands mean.
+Both rules about claims ahead hold for entries of version 2 on (ops.py)."""
 from __future__ import annotations
 
 import zlib
 from typing import Any
 
-from storage import catchup, cron, records
+from storage import catchup, cron, ops, records
 from storage.model import (JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason, RunState,
                            job_transition)
 from storage.records import Ctx, Record
@@ -31,6 +36,7 @@ BACKFILL_SPREAD_US = 1_000_000  # and each job's first one within this window af
 def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     now, grace = cmd["now"], cmd.get("grace_us", DEFAULT_GRACE_US)
     queued: list[str] = []
+    deferred: list[list[Any]] = []
     stale = skipped = 0
     reasons: dict[str, int] = {}
     for job_id, fire_us in cmd["claims"]:
@@ -43,6 +49,9 @@ def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             # the occurrence; move on rather than leave the job stuck on it.
             _advance(ctx, job, cron.next_after(job["schedule"], fire_us), fire_us, now)
             stale += 1
+            continue
+        if fire_us > now and ctx.version >= ops.AHEAD_RULES_SINCE and _overlap_blocks(ctx, job):
+            deferred.append([job_id, fire_us])
             continue
         # Make room before adding: the records this claim makes (a catch-up summary
         # among them) are always there to read, even past history_limit.
@@ -57,7 +66,7 @@ def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                 skipped += 1
                 reason = run["reason"] or "unknown"
                 reasons[reason] = reasons.get(reason, 0) + 1
-    return {"runs": queued, "skipped": skipped, "stale": stale, "skipped_reasons": reasons}
+    return {"runs": queued, "skipped": skipped, "stale": stale, "skipped_reasons": reasons, "deferred": deferred}
 
 
 def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int) -> list[Record]:
@@ -163,9 +172,8 @@ def _advance(ctx: Ctx, job: Record, nxt: int | None, fire_us: int, now: int) -> 
 
 
 def withdraw_ahead(ctx: Ctx, job: Record, now: int) -> None:
-    """Give back the occurrences claimed ahead of their time that have not started: runs
-    scheduled after `now`, queued or skipped by the overlap rule (a trigger stays). Their
-    runs and occurrence keys go and the job's next fire time moves back to the earliest,
+    """Give back the occurrences claimed ahead of their time: queued runs scheduled after
+    `now` (a trigger stays). Their runs and occurrence keys go and the job's next fire time moves back to the earliest,
     so the command that follows treats them as never claimed. Only a scheduled or a
     completed job holds such runs: a pause gives them back, a cancel cancels them."""
     was, old_fire = job["state"], job["next_fire_us"]
@@ -174,7 +182,7 @@ def withdraw_ahead(ctx: Ctx, job: Record, now: int) -> None:
     withdrawn: int | None = None
     for run_id in records.occurrence_runs(ctx, job["job_id"], after_us=now):
         run = records.get_run(ctx, run_id)
-        if run is None or run["trigger"] or run["state"] not in (RunState.QUEUED, RunState.SKIPPED):
+        if run is None or run["trigger"] or run["state"] != RunState.QUEUED:
             continue
         records.delete_run(ctx, run)
         withdrawn = run["scheduled_us"] if withdrawn is None else withdrawn

@@ -53,11 +53,11 @@ class FatalApplyError(Exception):
 def apply(store: Store, index: int, blob: bytes) -> tuple[Op | None, dict[str, Any]]:
     """Apply the entry at Raft index `index`; returns (op, result)."""
     try:
-        op, payload = ops.decode(blob)
+        op, version, payload = ops.decode(blob)
         txn = store.apply_txn()
         if index <= last_applied(txn, store.tables):
             return None, ALREADY_APPLIED
-        ctx = records.Ctx(txn, store.tables, store.group, index)
+        ctx = records.Ctx(txn, store.tables, store.group, index, version)
         result = HANDLERS[op](ctx, payload)
         records.flush(ctx)
         audit.record_command(ctx, op, payload, result)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import claims, codec, cron, keys, records
+from storage import claims, codec, cron, keys, ops, records
 from storage.model import JobEvent, JobState, Reason, RunEvent, RunState, job_transition, run_transition
 from storage.records import Ctx, Record
 
@@ -85,9 +85,7 @@ def _pending_runs(ctx: Ctx, job_id: str) -> list[Record]:
 
 
 def _withdraw_ahead(ctx: Ctx, job: Record, cmd: dict[str, Any]) -> None:
-    """Entries proposed before `withdraw_ahead` existed apply as they did then, so a
-    replica that replays one after an upgrade ends where the others did."""
-    if cmd.get("withdraw_ahead"):
+    if ctx.version >= ops.AHEAD_RULES_SINCE:
         claims.withdraw_ahead(ctx, job, cmd["now"])
 
 

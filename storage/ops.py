@@ -10,12 +10,16 @@ from typing import Any
 
 from storage import codec
 
-# The version this build writes, and those it reads. A version is raised when an entry
-# kind's rules change in a way an older build would apply differently: that build then
-# stops on the entry (CorruptEntry) instead of letting its replica diverge.
-# 2 (2026-11-30): PAUSE_JOB and UPDATE_JOB may carry `withdraw_ahead`.
+# The version this build writes, and those it reads. A version is raised when the rules
+# an entry is applied by change: an entry keeps the rules of the version it was written
+# at (a replica replaying it after an upgrade ends where the others did), and an older
+# build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
 VERSION = 2
 READABLE_VERSIONS = frozenset({1, 2})
+# Since 2 (2026-11-30): a pause or an update withdraws the runs claimed ahead of their
+# time (claims.withdraw_ahead); a claim ahead of its time that the overlap rule would
+# skip is deferred.
+AHEAD_RULES_SINCE = 2
 
 
 class Op(IntEnum):
@@ -39,11 +43,11 @@ class CorruptEntry(Exception):
     """An entry this code cannot read: the node must stop, not guess."""
 
 
-def encode(op: Op, payload: dict[str, Any]) -> bytes:
-    return codec.pack([int(op), VERSION, payload])
+def encode(op: Op, payload: dict[str, Any], version: int = VERSION) -> bytes:
+    return codec.pack([int(op), version, payload])
 
 
-def decode(blob: bytes) -> tuple[Op, dict[str, Any]]:
+def decode(blob: bytes) -> tuple[Op, int, dict[str, Any]]:
     try:
         op, version, payload = codec.unpack(blob)
     except Exception as exc:
@@ -51,6 +55,6 @@ def decode(blob: bytes) -> tuple[Op, dict[str, Any]]:
     if version not in READABLE_VERSIONS:
         raise CorruptEntry(f"entry version {version}, this build reads {sorted(READABLE_VERSIONS)}")
     try:
-        return Op(op), payload
+        return Op(op), version, payload
     except ValueError:
         raise CorruptEntry(f"unknown op code {op}: is this node older than the cluster?") from None

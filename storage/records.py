@@ -26,6 +26,7 @@ class Ctx:
     tables: Tables
     group: int
     index: int
+    version: int  # of the entry: which rules it is applied by (ops.py)
     runs_made: int = 0
     audits_made: int = 0
     # Per-job run counts and per-state job totals change many times in one entry:

@@ -90,6 +90,22 @@ def test_pause_and_patch_just_before_a_claimed_occurrence_still_act_on_it(make_c
     assert task["scheduled_time"] == _iso(due).replace("+00:00", "Z")
 
 
+def test_overlap_skip_counts_a_run_done_before_the_next_occurrence_as_done(make_cluster) -> None:
+    """The next occurrence comes within lookahead_s while the first run is still open: the
+    overlap rule must look at the occurrence's time, when that run has finished."""
+    node = make_cluster(1).nodes[0]
+    assert node.post("/v1/jobs", {"job_id": "tick", "schedule": {"every": "3s"}, "queue": "q",
+                                  "overlap_policy": "skip"})[0] == 201
+    status, body = node.post("/v1/tasks/poll", {"worker_id": "w", "queues": ["q"], "wait_s": 8})
+    (first,) = body["tasks"]
+    assert node.post(f"/v1/tasks/{first['run_id']}/ack", {"worker_id": "w", "fence": first["fence"]})[0] == 200
+    status, body = node.post("/v1/tasks/poll", {"worker_id": "w", "queues": ["q"], "wait_s": 8})
+    (second,) = body["tasks"]
+    runs = node.get("/v1/jobs/tick/runs")[1]["runs"]
+    assert [r["reason"] for r in runs if r["state"] == "skipped"] == []
+    assert second["run_id"] != first["run_id"]
+
+
 def test_dead_letter_list_and_redrive(make_cluster) -> None:
     node = make_cluster(1).nodes[0]
     at = _iso(datetime.now(timezone.utc) - timedelta(seconds=1))

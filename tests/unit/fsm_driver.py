@@ -19,10 +19,11 @@ class Driver:
         self.store = Store(path, group, 1 << 30)
         self.index = 0
 
-    def apply(self, op: Op, **payload: Any) -> dict[str, Any]:
+    def apply(self, op: Op, *, version: int = ops.VERSION, **payload: Any) -> dict[str, Any]:
+        """Apply an entry written at `version` (an older one keeps its older rules)."""
         self.index += 1
         try:
-            applied_op, result = fsm.apply(self.store, self.index, ops.encode(op, payload))
+            applied_op, result = fsm.apply(self.store, self.index, ops.encode(op, payload, version))
         except fsm.FatalApplyError:
             self.store.abort_applied()
             raise

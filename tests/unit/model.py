@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from storage import ops
+
 S = 1_000_000
 CATCHUP_SPACING_US = 100_000  # missed runs of one job are released this far apart (test_semantics)
 CATCHUP_SPREAD_US = 1_000_000  # and the job's first one within this window after now
@@ -74,6 +76,7 @@ class Model:
         self.jobs: dict[str, Rec] = {}
         self.runs: dict[str, Rec] = {}
         self.catchup_offset_us: dict[str, int] = {}  # learned per job, must then stay the same
+        self.entry_version = ops.VERSION  # of the entry being applied: older ones keep older rules
 
     # -- reads -------------------------------------------------------------------------
 
@@ -139,12 +142,12 @@ class Model:
         return job, None
 
     def _withdraw_ahead(self, job: Rec | None, cmd: Rec) -> bool:
-        """Runs claimed ahead of their time and not started (queued or skipped, not a trigger)
-        are given back: deleted, the job re-armed at the earliest. Only when the entry asks."""
-        if job is None or not cmd.get("withdraw_ahead") or job["state"] not in ("scheduled", "completed"):
+        """Queued runs claimed ahead of their time (not a trigger) are given back: deleted,
+        the job re-armed at the earliest (entries of version 2 on)."""
+        if job is None or self.entry_version < 2 or job["state"] not in ("scheduled", "completed"):
             return False
         ahead = [r for r in self.job_runs(job["job_id"])
-                 if r["scheduled_us"] > cmd["now"] and not r["trigger"] and r["state"] in ("queued", "skipped")]
+                 if r["scheduled_us"] > cmd["now"] and not r["trigger"] and r["state"] == "queued"]
         if not ahead:
             return False
         for run in ahead:
@@ -210,7 +213,7 @@ class Model:
 
     def claim(self, index: int, cmd: Rec) -> tuple[Any, bool]:
         now, grace, ids = cmd["now"], cmd["grace_us"], Ids(index)
-        queued, skipped, stale, advanced = [], 0, 0, False
+        queued, skipped, stale, advanced, deferred = [], 0, 0, False, []
         for job_id, fire in cmd["claims"]:
             job = self.jobs.get(job_id)
             if job is None or job["state"] != "scheduled" or job["next_fire_us"] != fire:
@@ -221,6 +224,9 @@ class Model:
                 self._advance(job, next_after(job["schedule"], fire))
                 stale, advanced = stale + 1, True
                 continue
+            if fire > now and self.entry_version >= 2 and self._overlap_blocks(job):
+                deferred.append((job_id, fire))  # the overlap rule is for the occurrence's time
+                continue
             self._prune(job_id, job["history_limit"] - 1, now)
             cutoff = now - grace
             made = self._on_time(ids, job, fire, now) if fire >= cutoff else self._missed(ids, job, fire, now, cutoff)
@@ -229,7 +235,7 @@ class Model:
                     queued.append(run["run_id"])
                 else:
                     skipped += 1
-        return (queued, skipped, stale), ids.n == 0 and not advanced
+        return (queued, skipped, stale, deferred), ids.n == 0 and not advanced
 
     def _on_time(self, ids: Ids, job: Rec, fire: int, now: int) -> list[Rec]:
         nxt = next_after(job["schedule"], fire)

@@ -35,6 +35,6 @@ def test_a_create_entry_and_a_run_record_round_trip_as_before() -> None:
     entry = ops.encode(Op.CREATE_JOBS, {"now": 1_800_000_000_000_000, "jobs": [spec]})
     assert entry == msgpack.packb([int(Op.CREATE_JOBS), ops.VERSION, {"now": 1_800_000_000_000_000, "jobs": [spec]}],
                                   use_bin_type=True)
-    assert ops.decode(entry) == (Op.CREATE_JOBS, {"now": 1_800_000_000_000_000, "jobs": [spec]})
+    assert ops.decode(entry) == (Op.CREATE_JOBS, ops.VERSION, {"now": 1_800_000_000_000_000, "jobs": [spec]})
     run = {"run_id": "0-17-0", "job_id": "nightly", "state": RunState.QUEUED, "fence": 0, "lease_until_us": None}
     assert codec.pack(run) == msgpack.packb(dict(run, state="queued"), use_bin_type=True)

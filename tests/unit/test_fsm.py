@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from storage import codec, fsm, ops
+from storage import fsm, ops
 from storage.leases import FAIR_EVERY
 from storage.model import (JOB_TRANSITIONS, RUN_TRANSITIONS, IllegalTransition, JobEvent, JobState,
                            RunEvent, RunState, job_transition, run_transition)
@@ -62,14 +62,15 @@ def test_second_claim_of_an_occurrence_is_rejected(d: Driver) -> None:
     claim = [["a", T0 + 10 * S]]
     first = d.apply(Op.CLAIM_BATCH, now=T0 + 10 * S, claims=claim)
     second = d.apply(Op.CLAIM_BATCH, now=T0 + 10 * S, claims=claim)
-    assert len(first["runs"]) == 1 and second == {"runs": [], "skipped": 0, "stale": 1, "skipped_reasons": {}}
+    assert len(first["runs"]) == 1 and second == {"runs": [], "skipped": 0, "stale": 1, "skipped_reasons": {}, "deferred": []}
     assert len(d.runs("a")) == 1
 
 
 def test_claim_with_wrong_fire_time_is_stale(d: Driver) -> None:
     d.create("a", AT)
-    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["a", T0 + 9 * S]]) == {"runs": [], "skipped": 0, "stale": 1, "skipped_reasons": {}}
-    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["missing", T0]]) == {"runs": [], "skipped": 0, "stale": 1, "skipped_reasons": {}}
+    stale = {"runs": [], "skipped": 0, "stale": 1, "skipped_reasons": {}, "deferred": []}
+    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["a", T0 + 9 * S]]) == stale
+    assert d.apply(Op.CLAIM_BATCH, now=T0, claims=[["missing", T0]]) == stale
 
 
 def test_recurring_claim_advances_to_next_occurrence(d: Driver) -> None:
@@ -252,9 +253,7 @@ def test_corrupt_or_unknown_entries_are_fatal(d: Driver) -> None:
 
 def test_entries_written_at_version_1_still_apply(d: Driver) -> None:
     d.create("a", AT)
-    d.index += 1
-    fsm.apply(d.store, d.index, codec.pack([int(Op.PAUSE_JOB), 1, {"now": T0, "job_id": "a"}]))
-    d.store.commit_applied()
+    assert d.apply(Op.PAUSE_JOB, now=T0, job_id="a", version=1)["ok"]
     assert d.job("a")["state"] == "paused"
 
 

@@ -31,7 +31,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from schedulerd.jobspec import JOB_DEFAULTS
-from storage import keys, queries
+from storage import keys, ops, queries
 from storage.db import DB_NAMES, LAST_APPLIED
 from storage.model import JOB_TRANSITIONS, RUN_TRANSITIONS
 from storage.ops import Op
@@ -102,13 +102,9 @@ ZOMBIE_OPS = st.sampled_from([Op.ACK, Op.NACK, Op.HEARTBEAT, Op.EXPIRE_LEASES])
 LEASE_MODES = st.sampled_from(["holder", "holder", "holder", "zombie", "wrong_fence", "wrong_worker", "ghost"])
 SMALL_STEPS = st.one_of(st.just(0), st.integers(1, 3 * S))
 PICK = st.integers(0, 63)
-# A pause or update proposed by this version withdraws what was claimed ahead; one from an
-# older version (no flag) must still apply as it did.
-WITHDRAW = st.sampled_from([True, True, False])
-
-
-def withdraw_ahead(withdraw: bool) -> Rec:
-    return {"withdraw_ahead": True} if withdraw else {}
+# Entries are written at this build's version; one written at version 1 (before a rolling
+# restart) keeps the rules it had: no withdrawal by pause or update, no deferred claims.
+VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 1])
 
 
 def resolve(schedule: tuple[str, int], now: int) -> Rec:
@@ -171,7 +167,7 @@ def normalize(op: Op, res: Rec) -> Any:
     if op == Op.CREATE_JOBS:
         return [(r["job_id"], r["ok"], r.get("code")) for r in res["results"]]
     if op == Op.CLAIM_BATCH:
-        return res["runs"], res["skipped"], res["stale"]
+        return res["runs"], res["skipped"], res["stale"], [tuple(item) for item in res["deferred"]]
     if op in (Op.LEASE_BATCH, Op.LEASE_READY):
         return [(w, [task["run_id"] for task in tasks]) for w, tasks in res["grants"]], res["skipped"]
     if op == Op.HEARTBEAT:
@@ -282,19 +278,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.replica: Driver | None = None
         self.model = Model()
         self.now = T0
-        self.log: list[tuple[Op, Rec]] = []
+        self.log: list[tuple[Op, int, Rec]] = []
         self.replayed = 0
         self.claimed: list[list[Any]] = []  # every (job_id, fire_us) proposed, for stale replays
         self.granted: list[tuple[str, str, int]] = []  # every (run_id, worker_id, fence) leased
         self.snap = scan(self.d)
         self.steps = 0
 
-    def propose(self, op: Op, model_fn: Callable[[int, Rec], tuple[Any, bool]], **payload: Any) -> Rec:
-        """Apply one entry to the model and the store, then check everything."""
+    def propose(self, op: Op, model_fn: Callable[[int, Rec], tuple[Any, bool]], version: int = ops.VERSION,
+                **payload: Any) -> Rec:
+        """Apply one entry (written at `version`) to the model and the store, then check everything."""
+        self.model.entry_version = version
         expected, rejected = model_fn(self.d.index + 1, payload)
         before = state_digest(self.d) if rejected else None
-        result = self.d.apply(op, **payload)
-        self.log.append((op, copy.deepcopy(payload)))
+        result = self.d.apply(op, version=version, **payload)
+        self.log.append((op, version, copy.deepcopy(payload)))
         if op in (Op.LEASE_BATCH, Op.LEASE_READY):
             self.granted += [(t["run_id"], w, t["fence"]) for w, tasks in result["grants"] for t in tasks]
         got = normalize(op, result)
@@ -340,20 +338,19 @@ class SchedulerMachine(RuleBasedStateMachine):
     def cancel(self, job_id: str) -> None:
         self.propose(Op.CANCEL_JOB, self.model.cancel, now=self.now, job_id=job_id)
 
-    @rule(job_id=st.sampled_from(TARGETS), withdraw=WITHDRAW)
-    def pause(self, job_id: str, withdraw: bool) -> None:
-        self.propose(Op.PAUSE_JOB, self.model.pause, now=self.now, job_id=job_id, **withdraw_ahead(withdraw))
+    @rule(job_id=st.sampled_from(TARGETS), version=VERSIONS)
+    def pause(self, job_id: str, version: int) -> None:
+        self.propose(Op.PAUSE_JOB, self.model.pause, version, now=self.now, job_id=job_id)
 
     @rule(job_id=st.sampled_from(TARGETS))
     def resume(self, job_id: str) -> None:
         self.propose(Op.RESUME_JOB, self.model.resume, now=self.now, job_id=job_id)
 
-    @rule(job_id=st.sampled_from(TARGETS), changes=CHANGES, withdraw=WITHDRAW)
-    def update(self, job_id: str, changes: Rec, withdraw: bool) -> None:
+    @rule(job_id=st.sampled_from(TARGETS), changes=CHANGES, version=VERSIONS)
+    def update(self, job_id: str, changes: Rec, version: int) -> None:
         if "schedule" in changes:
             changes = dict(changes, schedule=resolve(changes["schedule"], self.now), schedule_spec={})
-        self.propose(Op.UPDATE_JOB, self.model.update, now=self.now, job_id=job_id, changes=changes,
-                     **withdraw_ahead(withdraw))
+        self.propose(Op.UPDATE_JOB, self.model.update, version, now=self.now, job_id=job_id, changes=changes)
 
     @rule(job_id=st.sampled_from(TARGETS), align=st.booleans(), ahead=st.integers(0, 3))
     def trigger(self, job_id: str, align: bool, ahead: int) -> None:
@@ -371,25 +368,28 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(dt=st.one_of(st.just(0), TIME_STEPS),
           drop=st.one_of(st.just(frozenset()), st.frozensets(st.sampled_from(JOB_IDS), min_size=1, max_size=2)),
-          window=CLAIM_WINDOWS)
-    def claim(self, dt: int, drop: frozenset[str], window: tuple[int, int]) -> None:
+          window=CLAIM_WINDOWS, version=VERSIONS)
+    def claim(self, dt: int, drop: frozenset[str], window: tuple[int, int], version: int) -> None:
         """What the leader's due scan does (after dt passes), repeated at one `now` until
         nothing is due; the jobs in `drop` are deliberately never proposed."""
         self.now += dt
         lookahead, grace = window
         until = self.now + lookahead
+        deferred: set[tuple[str, int]] = set()  # as the leader: not proposed again before they are due
         for _ in range(CLAIM_ROUNDS_MAX):
             due = self.d.due(until)
             assert set(due) == self.model.due(until), f"due {due} != model {self.model.due(until)}"
-            batch = [[j, fire] for j, fire in due if j not in drop]
+            batch = [[j, fire] for j, fire in due if j not in drop and (j, fire) not in deferred]
             if not batch:
                 break
             self.claimed.extend(batch)
-            self.propose(Op.CLAIM_BATCH, self.model.claim, now=self.now, grace_us=grace, claims=batch)
+            result = self.propose(Op.CLAIM_BATCH, self.model.claim, version, now=self.now, grace_us=grace,
+                                  claims=batch)
+            deferred.update((j, fire) for j, fire in result["deferred"])
         else:
             raise AssertionError(f"claims at {self.now} did not converge in {CLAIM_ROUNDS_MAX} rounds")
-        left = [j for j, job in self.snap.jobs.items() if job["state"] == "scheduled" and job["next_fire_us"] <= until]
-        assert set(left) <= drop, f"due and unclaimed after the claim: {left}"
+        left = {j for j, job in self.snap.jobs.items() if job["state"] == "scheduled" and job["next_fire_us"] <= until}
+        assert left <= drop | {j for j, fire in deferred if fire > self.now}, f"due and unclaimed after the claim: {left}"
 
     @precondition(lambda self: self.claimed)
     @rule(i=st.integers(0, 1000), n=st.integers(1, 3))
@@ -577,8 +577,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         """The same entries on a second store give the same bytes."""
         if self.replica is None:
             self.replica = Driver(os.path.join(self.tmp, "replica"))
-        for op, payload in self.log[self.replayed:]:
-            self.replica.apply(op, **payload)
+        for op, version, payload in self.log[self.replayed:]:
+            self.replica.apply(op, version=version, **payload)
         self.replayed = len(self.log)
         assert self.replica.digest() == self.d.digest(), "replica diverged from the same entries"
 
@@ -616,8 +616,9 @@ def test_rearm_below_runs_claimed_ahead_then_catch_up_keeps_one_run_per_occurren
     d = Driver(str(tmp_path / "db"))
     d.create("e", {"kind": "every", "every_us": S, "anchor_us": T0}, overlap_policy="skip", history_limit=2)
     for now in (T0 + S // 5, T0 + 6 * S // 5):  # the leader's scans with lookahead_s=3 (valid: < misfire_grace_s)
-        while due := d.due(now + 3 * S):
-            d.apply(Op.CLAIM_BATCH, now=now, grace_us=5 * S, claims=[list(item) for item in due])
+        deferred: list[list[Any]] = []  # for the overlap rule, until due (the leader's memory)
+        while due := [list(item) for item in d.due(now + 3 * S) if list(item) not in deferred]:
+            deferred += d.apply(Op.CLAIM_BATCH, now=now, grace_us=5 * S, claims=due)["deferred"]
     d.apply(Op.PAUSE_JOB, now=T0 + 13 * S // 10, job_id="e")
     d.apply(Op.RESUME_JOB, now=T0 + 14 * S // 10, job_id="e")  # re-armed to T0+2, below T0+3 and T0+4
     for _ in range(CLAIM_ROUNDS_MAX):  # the leader scans until nothing is due (a taken

@@ -101,10 +101,10 @@ def test_starting_deadline_at_claim_and_at_lease(d: Driver) -> None:
 
 
 def test_starting_deadline_is_the_jobs_at_claim_time(d: Driver) -> None:
-    """A claimed run keeps its job's definition (update_job): the deadline too."""
+    """A run whose time has come keeps its job's definition (update_job): the deadline too."""
     d.create("a", {"kind": "at", "at_us": T0 + 10 * S}, starting_deadline_us=2 * S)
-    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["a", T0 + 10 * S]])["runs"]
-    assert d.apply(Op.UPDATE_JOB, now=T0 + 9 * S, job_id="a",
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 10 * S, claims=[["a", T0 + 10 * S]])["runs"]
+    assert d.apply(Op.UPDATE_JOB, now=T0 + 10 * S + 1, job_id="a",
                    changes={"starting_deadline_us": 60 * S})["ok"]
     assert d.lease(T0 + 13 * S, run_ids=[run_id]) == []
     assert d.run(run_id)["reason"] == "deadline"
@@ -248,7 +248,7 @@ def _claim_ahead(d: Driver, job_id: str, now: int, lookahead: int = 4 * S) -> st
 def test_pause_withdraws_an_occurrence_claimed_ahead(d: Driver) -> None:
     d.create("e", EVERY5)
     run_id = _claim_ahead(d, "e", T0 + 2 * S)  # the T0+5 occurrence, 3 s early
-    assert d.apply(Op.PAUSE_JOB, now=T0 + 3 * S, job_id="e", withdraw_ahead=True)["ok"]
+    assert d.apply(Op.PAUSE_JOB, now=T0 + 3 * S, job_id="e")["ok"]
     assert d.run(run_id) is None and d.runs("e") == [] and d.ready(T0 + 5 * S) == []
     assert d.job("e")["state"] == JobState.PAUSED and d.due(T0 + 1000 * S) == []
     # Resumed before its time, the occurrence is claimed again, once.
@@ -262,23 +262,36 @@ def test_pause_of_a_one_off_claimed_ahead_is_a_pause_not_a_conflict(d: Driver) -
     d.create("a", {"kind": "at", "at_us": T0 + 10 * S})
     _claim_ahead(d, "a", T0 + 7 * S)
     assert d.job("a")["state"] == JobState.COMPLETED
-    assert d.apply(Op.PAUSE_JOB, now=T0 + 8 * S, job_id="a", withdraw_ahead=True)["ok"]
+    assert d.apply(Op.PAUSE_JOB, now=T0 + 8 * S, job_id="a")["ok"]
     assert d.job("a")["state"] == JobState.PAUSED and d.runs("a") == []
     d.apply(Op.RESUME_JOB, now=T0 + 20 * S, job_id="a")  # it never ran: it runs late, not never
     assert d.job("a")["next_fire_us"] == T0 + 20 * S
 
 
 def test_update_reclaims_an_occurrence_claimed_ahead_with_the_new_definition(d: Driver) -> None:
-    d.create("e", EVERY5, overlap_policy="skip")
-    d.apply(Op.TRIGGER_JOB, now=T0 + 1 * S, job_id="e")  # open, so the T0+5 claim is skipped for overlap
-    d.apply(Op.CLAIM_BATCH, now=T0 + 2 * S, claims=[["e", T0 + 5 * S]])
-    assert states(d, "e") == [(1, "queued", None), (5, "skipped", "overlap")]
-    assert d.apply(Op.UPDATE_JOB, now=T0 + 3 * S, job_id="e", withdraw_ahead=True,
-                   changes={"overlap_policy": "allow", "priority": 7})["ok"]
+    d.create("e", EVERY5)
+    d.apply(Op.TRIGGER_JOB, now=T0 + 1 * S, job_id="e")
+    _claim_ahead(d, "e", T0 + 2 * S)
+    assert d.apply(Op.UPDATE_JOB, now=T0 + 3 * S, job_id="e", changes={"priority": 7})["ok"]
     assert states(d, "e") == [(1, "queued", None)]  # the trigger stays: it was asked for now
     assert d.job("e")["next_fire_us"] == T0 + 5 * S
     (run_id,) = d.claim_due(T0 + 5 * S)
     assert d.run(run_id)["priority"] == 7 and d.run(run_id)["scheduled_us"] == T0 + 5 * S
+
+
+def test_overlap_is_decided_at_the_occurrences_time_not_when_claimed_ahead(d: Driver) -> None:
+    d.create("e", EVERY5, overlap_policy="skip")
+    (first,) = d.claim_due(T0 + 5 * S)
+    (task,) = d.lease(T0 + 5 * S)
+    ahead = d.apply(Op.CLAIM_BATCH, now=T0 + 6 * S, claims=[["e", T0 + 10 * S]])  # T0+5 still running
+    assert ahead["deferred"] == [["e", T0 + 10 * S]] and ahead["skipped"] == 0
+    assert d.job("e")["next_fire_us"] == T0 + 10 * S and len(d.runs("e")) == 1
+    d.apply(Op.ACK, now=T0 + 8 * S, worker_id="w", acks=[[first, task["fence"], None]])
+    assert d.apply(Op.CLAIM_BATCH, now=T0 + 10 * S, claims=[["e", T0 + 10 * S]])["runs"]
+    # At its time, an occurrence whose predecessor is still open is skipped as before.
+    d.lease(T0 + 10 * S)
+    late = d.apply(Op.CLAIM_BATCH, now=T0 + 15 * S, claims=[["e", T0 + 15 * S]])
+    assert late["skipped_reasons"] == {"overlap": 1} and late["deferred"] == []
 
 
 def test_an_occurrence_already_due_or_leased_is_not_withdrawn(d: Driver) -> None:
@@ -286,16 +299,21 @@ def test_an_occurrence_already_due_or_leased_is_not_withdrawn(d: Driver) -> None
     while d.due(T0 + 3 * S):  # one step per claim: T0+1, T0+2 and, ahead, T0+3
         d.claim_due(T0 + 3 * S)
     (task,) = d.lease(T0 + S, run_ids=[d.runs("e")[0]["run_id"]])
-    assert d.apply(Op.PAUSE_JOB, now=T0 + 2 * S, job_id="e", withdraw_ahead=True)["ok"]
+    assert d.apply(Op.PAUSE_JOB, now=T0 + 2 * S, job_id="e")["ok"]
     assert states(d, "e") == [(1, "running", None), (2, "queued", None)]
     assert d.run(task["run_id"])["fence"] == task["fence"]
 
 
-def test_a_pause_entry_from_before_withdraw_ahead_applies_as_it_did(d: Driver) -> None:
+def test_entries_written_at_version_1_keep_the_rules_of_version_1(d: Driver) -> None:
+    """A replica replaying the log after an upgrade must end where the others did."""
     d.create("e", EVERY5)
     run_id = _claim_ahead(d, "e", T0 + 2 * S)
-    d.apply(Op.PAUSE_JOB, now=T0 + 3 * S, job_id="e")  # no flag: proposed by an older node
-    assert d.run(run_id)["state"] == RunState.QUEUED
+    d.apply(Op.PAUSE_JOB, now=T0 + 3 * S, job_id="e", version=1)
+    assert d.run(run_id)["state"] == RunState.QUEUED  # not withdrawn
+    d.create("o", EVERY5, overlap_policy="skip")
+    d.apply(Op.TRIGGER_JOB, now=T0 + 1 * S, job_id="o")
+    ahead = d.apply(Op.CLAIM_BATCH, now=T0 + 2 * S, claims=[["o", T0 + 5 * S]], version=1)
+    assert ahead["skipped_reasons"] == {"overlap": 1} and ahead["deferred"] == []  # not deferred
 
 
 def test_trigger_adds_an_occurrence_with_its_own_key(d: Driver) -> None:
@@ -358,10 +376,9 @@ def test_catch_up_over_an_occurrence_a_trigger_already_took(d: Driver) -> None:
 
 
 def test_history_never_drops_an_occurrence_still_ahead(d: Driver) -> None:
-    d.create("e", {"kind": "every", "every_us": S, "anchor_us": T0}, overlap_policy="skip", history_limit=1)
-    d.apply(Op.CLAIM_BATCH, now=T0, claims=[["e", T0 + S]])  # claimed ahead: queued
-    d.apply(Op.CLAIM_BATCH, now=T0, claims=[["e", T0 + 2 * S]])  # ahead, skipped (overlap)
-    d.apply(Op.CLAIM_BATCH, now=T0, claims=[["e", T0 + 3 * S]])
+    d.create("e", {"kind": "every", "every_us": S, "anchor_us": T0}, history_limit=1)
+    for ahead in (1, 2, 3):  # claimed ahead, each claim making room for the next run
+        d.apply(Op.CLAIM_BATCH, now=T0, claims=[["e", T0 + ahead * S]])
     assert [r["scheduled_us"] for r in d.runs("e")] == [T0 + S, T0 + 2 * S, T0 + 3 * S]
 
 
