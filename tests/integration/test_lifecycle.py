@@ -72,7 +72,7 @@ def test_pause_resume_update_trigger_cancel(make_cluster) -> None:
 
 
 def test_pause_and_patch_just_before_a_claimed_occurrence_still_act_on_it(make_cluster) -> None:
-    """The node claims occurrences lookahead_s (4 s) early; a pause or a PATCH sent in that
+    """The node claims occurrences lookahead_s (12 s) early; a pause or a PATCH sent in that
     window must still stop or change the occurrence, as it would a minute before."""
     node = make_cluster(1).nodes[0]
     due = datetime.now(timezone.utc) + timedelta(seconds=3.5)

@@ -28,3 +28,11 @@ def test_limits_that_could_build_an_entry_over_entry_bytes_max_are_refused(limit
 def test_a_raft_entry_size_below_64_kib_is_refused() -> None:
     with pytest.raises(ValueError, match="entry_bytes_max must be at least 64 KiB"):
         RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", entry_bytes_max=1024).validate()
+
+
+def test_lookahead_may_exceed_the_misfire_grace_but_each_stays_in_range() -> None:
+    assert config().lookahead_s > config().misfire_grace_s  # the defaults: 12 s ahead, 5 s late
+    for field, value, message in (("misfire_grace_s", 0.0, "misfire_grace_s must be more than 0"),
+                                  ("lookahead_s", 61.0, "lookahead_s must be within 0..60")):
+        with pytest.raises(ValueError, match=message):
+            dataclasses.replace(config(), **{field: value}).validate()

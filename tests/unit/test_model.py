@@ -42,10 +42,10 @@ from tests.unit.model import PENDING, TERMINAL, Model, next_at_or_after
 EXAMPLES = int(os.environ.get("SCHEDULERD_MODEL_EXAMPLES", "100"))
 STEPS = int(os.environ.get("SCHEDULERD_MODEL_STEPS", "40"))
 GRACE_US = 5 * S  # NodeConfig.misfire_grace_s default
-# (lookahead_us, grace_us) of a claim: NodeConfig's defaults (4 s, 5 s), a short grace, and
-# lookaheads shorter and longer than the shortest period (valid: lookahead_s < misfire_grace_s).
-CLAIM_WINDOWS = st.sampled_from([(4 * S, GRACE_US), (4 * S, GRACE_US), (1 * S, 2 * S), (1 * S, GRACE_US),
-                                 (3 * S, GRACE_US)])
+# (lookahead_us, grace_us) of a claim: NodeConfig's defaults (12 s, 5 s), a short grace, and
+# lookaheads shorter and longer than the shortest period and than the grace.
+CLAIM_WINDOWS = st.sampled_from([(12 * S, GRACE_US), (12 * S, GRACE_US), (4 * S, GRACE_US), (1 * S, 2 * S),
+                                 (1 * S, GRACE_US), (3 * S, GRACE_US), (12 * S, 2 * S)])
 CLAIM_ROUNDS_MAX = 50  # claim rounds at one `now`; catching up a 1 s job over the grace takes ~7
 REPLICA_EVERY_STEPS = 8  # steps between replica digest comparisons (and one at teardown)
 GHOST_RUN = "0-999999-0"
