@@ -24,8 +24,6 @@ STEP_DOWN_RETRY_S = 2.0  # a transfer takes about an election; ask again after t
 class LeaderLoops:
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.stats = {"claimed": 0, "skipped": 0, "claims_stale": 0, "claims_deferred": 0, "expired": 0,
-                      "dead_letter": 0, "scan_errors": 0}
         # Per group, the (job_id, fire_us) that apply deferred for the overlap rule: not
         # proposed again before they are due, or each scan would carry them until then.
         self._deferred: dict[int, set[tuple[str, int]]] = {}
@@ -55,7 +53,6 @@ class LeaderLoops:
                     if busy:
                         continue
             except SchedulerError as exc:
-                self.stats["scan_errors"] += 1
                 log.warning("leader_scan_failed group=%d error=%s", group.group_id, exc)
             await asyncio.sleep(interval)
 
@@ -76,12 +73,9 @@ class LeaderLoops:
         result = await self.node.propose(group, Op.CLAIM_BATCH, {
             "now": now, "grace_us": int(cfg.misfire_grace_s * 1_000_000),
             "claims": [[job_id, fire] for job_id, fire in batch]})
-        self.stats["claimed"] += len(result["runs"])
-        self.stats["skipped"] += result["skipped"]
-        self.stats["claims_stale"] += result["stale"]
-        self.stats["claims_deferred"] += len(result["deferred"])
         deferred.update((job_id, fire) for job_id, fire in result["deferred"])
-        log.debug("claim_batch group=%d claimed=%d stale=%d", group.group_id, len(result["runs"]), result["stale"])
+        log.debug("claim_batch group=%d claimed=%d stale=%d deferred=%d", group.group_id, len(result["runs"]),
+                  result["stale"], len(result["deferred"]))
         return len(due) > len(batch)
 
     async def expire_leases(self, group: Group) -> bool:
@@ -93,8 +87,6 @@ class LeaderLoops:
             return False
         result = await self.node.propose(group, Op.EXPIRE_LEASES,
                                          {"now": now, "runs": [list(item) for item in expired]})
-        self.stats["expired"] += result["expired"]
-        self.stats["dead_letter"] += result["dead_letter"]
         log.info("leases_expired group=%d count=%d dead_letter=%d", group.group_id, result["expired"],
                  result["dead_letter"])
         return len(expired) >= limits.expire_batch_max

@@ -173,23 +173,25 @@ def _advance(ctx: Ctx, job: Record, nxt: int | None, fire_us: int, now: int) -> 
 
 def withdraw_ahead(ctx: Ctx, job: Record, now: int) -> None:
     """Give back the occurrences claimed ahead of their time: queued runs scheduled after
-    `now` (a trigger stays). Their runs and occurrence keys go and the job's next fire time moves back to the earliest,
-    so the command that follows treats them as never claimed. Only a scheduled or a
-    completed job holds such runs: a pause gives them back, a cancel cancels them."""
+    `now` (a trigger stays). Their runs and occurrence keys go and the job's next fire
+    time moves back to the earliest, so the command that follows treats them as never
+    claimed. Only a scheduled or a completed job holds such runs: a pause gives them
+    back, a cancel cancels them."""
     was, old_fire = job["state"], job["next_fire_us"]
     if was not in (JobState.SCHEDULED, JobState.COMPLETED):
         return
-    withdrawn: int | None = None
-    for run_id in records.occurrence_runs(ctx, job["job_id"], after_us=now):
+    earliest: int | None = None
+    for run_id in records.occurrence_runs(ctx, job["job_id"], after_us=now):  # oldest first
         run = records.get_run(ctx, run_id)
         if run is None or run["trigger"] or run["state"] != RunState.QUEUED:
             continue
         records.delete_run(ctx, run)
-        withdrawn = run["scheduled_us"] if withdrawn is None else withdrawn
-    if withdrawn is None:
+        if earliest is None:
+            earliest = run["scheduled_us"]
+    if earliest is None:
         return
-    if old_fire is None or withdrawn < old_fire:
-        job["next_fire_us"] = withdrawn
+    if old_fire is None or earliest < old_fire:
+        job["next_fire_us"] = earliest
     if was == JobState.COMPLETED:
         job["state"] = job_transition(was, JobEvent.REARM)
     job["updated_us"] = now
