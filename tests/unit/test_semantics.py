@@ -237,10 +237,10 @@ def test_update_rearms_a_completed_one_off(d: Driver) -> None:
     assert d.job("a")["state"] == JobState.SCHEDULED and d.job("a")["next_fire_us"] == T0 + 50 * S
 
 
-def _claim_ahead(d: Driver, job_id: str, now: int, lookahead: int = 4 * S) -> str:
-    """The leader's scan at `now` claims what is due up to `lookahead` later."""
+def _claim_ahead(d: Driver, job_id: str, now: int, lookahead: int = 12 * S) -> str:
+    """The leader's scan at `now` claims job_id's next occurrence, due within `lookahead`."""
     (run_id,) = d.apply(Op.CLAIM_BATCH, now=now, grace_us=5 * S,
-                        claims=[list(item) for item in d.due(now + lookahead)])["runs"]
+                        claims=[list(item) for item in d.due(now + lookahead) if item[0] == job_id])["runs"]
     assert d.run(run_id)["scheduled_us"] > now
     return run_id
 
