@@ -176,9 +176,9 @@ def withdraw_ahead(ctx: Ctx, job: Record, now: int) -> None:
     `now` (a trigger stays). Their runs and occurrence keys go and the job's next fire
     time moves back to the earliest, so the command that follows treats them as never
     claimed. Only a scheduled or a completed job holds such runs: a pause gives them
-    back, a cancel cancels them."""
+    back, a cancel cancels them. Entries of version 1 withdraw nothing."""
     was, old_fire = job["state"], job["next_fire_us"]
-    if was not in (JobState.SCHEDULED, JobState.COMPLETED):
+    if ctx.version < ops.AHEAD_RULES_SINCE or was not in (JobState.SCHEDULED, JobState.COMPLETED):
         return
     earliest: int | None = None
     for run_id in records.occurrence_runs(ctx, job["job_id"], after_us=now):  # oldest first

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import claims, codec, cron, keys, ops, records
+from storage import claims, codec, cron, keys, records
 from storage.model import JobEvent, JobState, Reason, RunEvent, RunState, job_transition, run_transition
 from storage.records import Ctx, Record
 
@@ -84,15 +84,10 @@ def _pending_runs(ctx: Ctx, job_id: str) -> list[Record]:
     return [r for r in runs if r is not None and r["state"] in (RunState.QUEUED, RunState.RETRY_WAIT)]
 
 
-def _withdraw_ahead(ctx: Ctx, job: Record, cmd: dict[str, Any]) -> None:
-    if ctx.version >= ops.AHEAD_RULES_SINCE:
-        claims.withdraw_ahead(ctx, job, cmd["now"])
-
-
 def pause_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     job = records.get_job(ctx, cmd["job_id"])
     if job is not None:
-        _withdraw_ahead(ctx, job, cmd)
+        claims.withdraw_ahead(ctx, job, cmd["now"])
     err = _not_live(job, cmd["job_id"])
     if err:
         return err
@@ -142,7 +137,7 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         return _fail("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
         return _fail("conflict", f"job {job_id!r} is cancelled")
-    _withdraw_ahead(ctx, job, cmd)
+    claims.withdraw_ahead(ctx, job, cmd["now"])
     old_fire, was = job["next_fire_us"], job["state"]
     job.update({k: v for k, v in changes.items() if k in UPDATABLE}, updated_us=now)
     if "schedule" in changes:
