@@ -1,6 +1,8 @@
 """One schedulerd worker process for the bench: the SDK's `Worker` with a no-op
 async handler that records (run_id, job_id, scheduled time, start time), and
-the time each ack was accepted (the SDK's `task_acked` log event).
+the time each ack was accepted (the SDK's `on_settled` hook). The SDK logs at
+WARNING, as a busy production worker would: two INFO lines per task were a
+third of this process's CPU (bench/sdk_cost.py), paid for nothing but measuring.
 
     python -m bench.sdworker --servers URL,URL,URL --queue bench --out PREFIX
         [--concurrency 1500] [--lifetime-s 900]
@@ -23,20 +25,6 @@ from schedulerd.worker import Task, Worker
 
 FLUSH_S = 0.25
 HARD_EXIT_AFTER_STOP_S = 15.0  # the drain must not keep a bench run alive
-
-
-class AckRecorder(logging.Handler):
-    """Keeps (run_id, time) of every `task_acked` event; ignores the others."""
-
-    def __init__(self, sink: deque) -> None:
-        super().__init__(logging.INFO)
-        self.sink = sink
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("task_acked"):
-            self.sink.append((record.args[0], time.time()))
-        elif record.levelno >= logging.WARNING:
-            sys.stderr.write(record.getMessage() + "\n")
 
 
 class Flusher(threading.Thread):
@@ -74,10 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     starts: deque[tuple[str, str, float, float]] = deque()
     acks: deque[tuple[str, float]] = deque()
-    sdk_log = logging.getLogger("schedulerd.worker")
-    sdk_log.setLevel(logging.INFO)
-    sdk_log.propagate = False
-    sdk_log.addHandler(AckRecorder(acks))
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     worker = Worker(a.servers.split(","), worker_id=f"bench-{os.getpid()}", concurrency=a.concurrency,
                     wait_s=a.wait_s)
@@ -85,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     @worker.handler(a.queue)
     async def record(task: Task) -> None:
         starts.append((task.run_id, task.job_id, task.scheduled_time.timestamp(), time.time()))
+
+    def on_settled(task: Task, outcome: str) -> None:
+        if outcome == "acked":
+            acks.append((task.run_id, time.time()))
+
+    worker.on_settled(on_settled)
 
     flusher = Flusher(a.out, starts, acks)
     flusher.start()

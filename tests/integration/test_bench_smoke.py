@@ -37,3 +37,10 @@ def test_apply_cost_runs_every_phase(tmp_path: pathlib.Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for phase in ("create", "claim", "lease", "ack", "total"):
         assert f"  {phase} " in proc.stdout
+
+
+def test_sdk_cost_acks_every_task() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.sdk_cost", "--tasks", "2000", "--log-info"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "worker CPU per task:" in proc.stdout

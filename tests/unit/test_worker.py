@@ -416,6 +416,33 @@ def test_a_server_with_a_lower_lease_batch_max_gets_smaller_polls(net, caplog):
     assert sum("poll_size_lowered" in r.getMessage() for r in caplog.records) == 2
 
 
+def test_on_settled_hears_each_accepted_ack_and_nack_and_a_failing_hook_spares_the_rest(net, caplog):
+    caplog.set_level(logging.INFO, logger=LOG)
+    cluster = FakeCluster()
+    node = net.node(cluster)
+    worker = Worker([node.url], wait_s=1.0)
+    heard: list[tuple[str, str, str]] = []
+
+    @worker.handler("work")
+    def work(task: Task) -> str:
+        if task.payload == "fail":
+            raise RuntimeError("no")
+        return "done"
+
+    def broken(task: Task, outcome: str) -> None:
+        raise KeyError(task.run_id)
+
+    worker.on_settled(broken)
+    worker.on_settled(lambda task, outcome: heard.append((task.run_id, outcome, threading.current_thread().name)))
+    good, bad = cluster.add("work", "ok"), cluster.add("work", "fail")
+    thread = net.run(worker)
+    wait_until(lambda: len(heard) == 2, what="two settled runs")
+
+    assert sorted(heard) == sorted([(good, "acked", thread.name), (bad, "nacked", thread.name)])
+    assert (worker.stats.acked, worker.stats.nacked) == (1, 1)  # the broken hook undid nothing
+    assert caplog.text.count("settled_hook_failed") == 2
+
+
 def test_dead_server_does_not_stop_the_worker(net, caplog):
     caplog.set_level(logging.INFO, logger=LOG)
     cluster = FakeCluster()
