@@ -14,13 +14,16 @@ The registry belongs to the app, not the process: tests run several nodes in
 one interpreter."""
 from __future__ import annotations
 
+import threading
 import time
+from bisect import bisect_left
 from typing import Any, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from schedulerd.node import Node
 from storage import queries
@@ -44,9 +47,9 @@ class Metrics:
                             "cancelled, redriven).", ["event"], registry=r)
         self.skipped = Counter("schedulerd_runs_skipped", "Occurrences recorded as skipped instead of run, "
                                "by reason (misfire, overlap, deadline, catchup_limit).", ["reason"], registry=r)
-        self.lateness = Histogram("schedulerd_dispatch_lateness_seconds",
-                                  "First lease of an occurrence minus its scheduled time.",
-                                  buckets=LATENESS_BUCKETS_S, registry=r)
+        self.lateness = BulkHistogram("schedulerd_dispatch_lateness_seconds",
+                                      "First lease of an occurrence minus its scheduled time.", LATENESS_BUCKETS_S)
+        r.register(self.lateness)
         self.http = Histogram("schedulerd_http_request_duration_seconds", "HTTP requests by route and status.",
                               ["method", "route", "status"], buckets=HTTP_BUCKETS_S, registry=r)
         self.fsync = Histogram("schedulerd_raft_journal_fsync_seconds", "fdatasync of the Raft journal.",
@@ -70,9 +73,8 @@ class Metrics:
             leased = 0
             for _, tasks in result["grants"]:
                 leased += len(tasks)
-                for task in tasks:
-                    if task["attempt"] == 1 and not task.get("trigger"):
-                        self.lateness.observe(max(0, now - task["scheduled_us"]) / US)
+                self.lateness.observe_many([max(0, now - task["scheduled_us"]) / US for task in tasks
+                                            if task["attempt"] == 1 and not task.get("trigger")])
             self.runs.labels("leased").inc(leased)
             if result["skipped"]:
                 self.skipped.labels("deadline").inc(result["skipped"])
@@ -115,6 +117,40 @@ class Metrics:
             route = request.match_info.route.resource
             name = route.canonical if route is not None else "unmatched"
             self.http.labels(request.method, name, str(status)).observe(time.perf_counter() - started)
+
+
+class BulkHistogram(Collector):
+    """A histogram without labels fed a list of values at a time: prometheus_client's
+    Histogram takes a lock and walks its buckets in Python for each value, ~5% of a
+    follower's tick thread when a spike's leases apply (a lease entry grants hundreds)."""
+
+    def __init__(self, name: str, documentation: str, buckets_s: tuple[float, ...]) -> None:
+        self.name, self.documentation = name, documentation
+        self._bounds = list(buckets_s)
+        self._counts = [0] * (len(buckets_s) + 1)  # the last one is +Inf's own
+        self._sum = 0.0
+        self._lock = threading.Lock()  # observed in the tick thread, collected in the HTTP one
+
+    def observe_many(self, values: list[float]) -> None:
+        if not values:
+            return
+        slots = [bisect_left(self._bounds, v) for v in values]  # first bound >= v: Prometheus' le
+        with self._lock:
+            for slot, value in zip(slots, values):
+                self._counts[slot] += 1
+                self._sum += value
+
+    def describe(self) -> list[Metric]:
+        return [HistogramMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, buckets = 0, []
+        for bound, count in zip([*self._bounds, float("inf")], counts):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
 
 
 class _StateCollector(Collector):
