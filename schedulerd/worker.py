@@ -496,7 +496,7 @@ class Worker:
                        timeout_s: float = _REQUEST_TIMEOUT_S) -> dict[str, Any]:
         """POST JSON; the reply's dict, or the typed error it carries (5xx -> Unavailable)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=_CONNECT_TIMEOUT_S)
-        async with self._session.post(server + path, data=_JSON_ENCODER.encode(body), headers=_JSON_BODY,
+        async with self._session.post(server + path, data=_encode(body), headers=_JSON_BODY,
                                       timeout=timeout) as resp:
             raw = await resp.read()
             status = resp.status
@@ -511,6 +511,15 @@ class Worker:
         message = f"{server}{path}: HTTP {status}: {wire.get('message') or raw[:200].decode(errors='replace')}"
         exc = from_wire(str(wire.get("code", "error")), message)
         raise exc if 400 <= status < 500 or isinstance(exc, Unavailable) else Unavailable(message)
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    try:
+        return _JSON_ENCODER.encode(body)
+    except UnicodeEncodeError:
+        # A lone surrogate (a result or error text built from os.fsdecode, say) has no
+        # UTF-8 form; json writes it as a \u escape, which the server reads back as it was.
+        return json.dumps(body).encode()
 
 
 def _backoff_s() -> Iterator[float]:
@@ -545,8 +554,9 @@ def _error_text(exc: BaseException) -> str:
         return head
     lead = f"{head}\nTraceback (innermost last):\n"
     budget = ERROR_BYTES_MAX - len(lead.encode())  # > 0: the head is capped well below
-    return lead + frames.encode()[-budget:].decode(errors="ignore")
+    return lead + frames.encode(errors="replace")[-budget:].decode(errors="ignore")
 
 
 def _clip(text: str, bytes_max: int) -> str:
-    return text.encode()[:bytes_max].decode(errors="ignore")
+    # "replace": a lone surrogate (a file name from os.fsdecode, say) becomes "?" instead of failing the nack.
+    return text.encode(errors="replace")[:bytes_max].decode(errors="ignore")

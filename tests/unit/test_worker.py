@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -341,6 +342,28 @@ def test_handler_exception_is_nacked_with_error_text(net, caplog):
     assert nacks[not_json].startswith("TypeError: Object of type set is not JSON serializable")
     assert worker.stats.acked == 0 and not cluster.bodies("ack")
     assert f"task_nacked run_id={short}" in caplog.text
+
+
+def test_a_file_name_that_is_not_utf8_in_a_result_or_an_error_is_still_acked_or_nacked(net):
+    cluster = FakeCluster()
+    node = net.node(cluster)
+    worker = Worker([node.url], wait_s=1.0)
+    name = os.fsdecode(b"report-\xff.csv")  # a lone surrogate: no UTF-8 form
+
+    @worker.handler("files")
+    def handle(task: Task) -> dict[str, str]:
+        if task.payload == "fail":
+            raise FileNotFoundError(f"no such file: {name}")
+        return {"wrote": name}
+
+    good, bad = cluster.add("files", "ok"), cluster.add("files", "fail")
+    net.run(worker)
+    wait_until(lambda: (worker.stats.acked, worker.stats.nacked) == (1, 1), what="one ack and one nack")
+
+    assert [b["result"] for b in cluster.bodies("ack")] == [{"wrote": name}]
+    assert cluster.bodies("nack")[0]["run_id"] == bad
+    assert cluster.bodies("nack")[0]["error"].startswith("FileNotFoundError: no such file: report-?.csv")
+    assert cluster.bodies("ack")[0]["run_id"] == good
 
 
 def test_slow_handler_is_heartbeated_past_its_lease_before_ack(net):
