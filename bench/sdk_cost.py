@@ -24,7 +24,7 @@ import urllib.request
 
 from aiohttp import web
 
-from bench.common import WORKER_SLOTS, BenchError, die_with_parent, free_ports, uptime_line
+from bench.common import WORKER_SLOTS, BenchError, die_with_parent, free_ports, uptime_line, wait_until
 from schedulerd.timefmt import to_iso
 from schedulerd.worker import Task, Worker
 
@@ -78,18 +78,6 @@ def serve(port: int, tasks: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def _wait_ready(url: str) -> None:
-    deadline = time.monotonic() + READY_S_MAX
-    while True:
-        try:
-            urllib.request.urlopen(url + "/ready", timeout=1).read()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise BenchError(f"stub server at {url} not up within {READY_S_MAX} s")
-            time.sleep(0.05)
-
-
 def measure(url: str, tasks: int, concurrency: int, profile: int, log_info: bool) -> dict[str, float]:
     worker = Worker([url], worker_id="sdk-cost", concurrency=concurrency, wait_s=1.0)
     seen = 0
@@ -138,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                             preexec_fn=die_with_parent)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_ready(url)
+        wait_until(lambda: urllib.request.urlopen(url + "/ready", timeout=1).read(), READY_S_MAX,
+                   f"the stub server at {url}", interval_s=0.05)
         print(f"command: python -m bench.sdk_cost {' '.join(argv if argv is not None else sys.argv[1:])}")
         print("uptime before:", uptime_line())
         r = measure(url, a.tasks, a.concurrency, a.profile, a.log_info)
