@@ -1,9 +1,11 @@
 """What applying one job's life costs on one replica, with no network: the
 create, claim, lease and ack entries of N one-off jobs applied through
 storage/fsm.py into a real LMDB store, one commit per entry (as one Raft tick
-with one entry would), in the batch sizes the daemon uses under load.
+with one entry would), in the batch sizes the daemon uses under load. Each job is
+created LEAD_US before it is due, so the create entry claims it (within
+--claim-ahead-s, as the daemon's lookahead_s) and the claim phase finds nothing.
 
-    python -m bench.apply_cost [--jobs 20000] [--data-root DIR] [--profile 25]
+    python -m bench.apply_cost [--jobs 20000] [--claim-ahead-s 0] [--data-root DIR] [--profile 25]
 
 Every replica pays this for every job, in its one tick thread: it bounds what
 the cluster can dispatch per second however fast the network and fsync are."""
@@ -28,6 +30,8 @@ from storage.ops import Op
 S = 1_000_000
 T0 = 1_800_000_000 * S
 CREATE_BATCH, CLAIM_BATCH, LEASE_BATCH, ACK_BATCH = 100, 500, 100, 500
+LEAD_US = 5 * S  # each job is created this long before it is due (the steady bench's --lead-s)
+GRACE_US = 5 * S
 
 
 class Replica:
@@ -46,7 +50,7 @@ def _chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def phases(replica: Replica, jobs: int) -> list[tuple[str, Callable[[], None]]]:
+def phases(replica: Replica, jobs: int, ahead_us: int) -> list[tuple[str, Callable[[], None]]]:
     ids = [f"bench-{i:08d}" for i in range(jobs)]
     due = T0 + 60 * S
     run_ids: list[str] = []
@@ -56,7 +60,9 @@ def phases(replica: Replica, jobs: int) -> list[tuple[str, Callable[[], None]]]:
         for batch in _chunks(ids, CREATE_BATCH):
             specs = [dict(JOB_DEFAULTS, job_id=job_id, schedule={"kind": "at", "at_us": due}, schedule_spec={},
                           queue="bench", payload_json='{"n": 1}') for job_id in batch]
-            replica.apply(Op.CREATE_JOBS, {"now": T0, "jobs": specs})
+            result = replica.apply(Op.CREATE_JOBS, {"now": due - LEAD_US, "jobs": specs, "grace_us": GRACE_US,
+                                                    "claim_ahead_us": ahead_us})
+            run_ids.extend(result["runs"])
 
     def claim() -> None:
         with replica.store.read() as txn:
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.apply_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--data-root", default=None, help="the store goes here (a real disk)")
+    p.add_argument("--claim-ahead-s", type=float, default=12.0,
+                   help="creates claim what is due within this (the daemon's lookahead_s); 0: the scan claims all")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions")
     args = p.parse_args(argv)
     path = tempfile.mkdtemp(prefix="apply-cost-", dir=args.data_root)
@@ -95,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         replica = Replica(os.path.join(path, "lmdb"))
         total = 0.0
-        for name, run in phases(replica, args.jobs):
+        for name, run in phases(replica, args.jobs, int(args.claim_ahead_s * S)):
             started = time.perf_counter()
             if profiler is not None:
                 profiler.runcall(run)

@@ -21,6 +21,7 @@ from storage.ops import Op
 log = logging.getLogger("schedulerd.node")
 
 # Ops after which a ready run may have appeared (or a lease ended): wake long-polls.
+# A create wakes them only when it claimed something (claims.claim_created).
 READY_CHANGING = frozenset({Op.CLAIM_BATCH, Op.NACK, Op.EXPIRE_LEASES, Op.TRIGGER_JOB, Op.REDRIVE_RUN})
 
 
@@ -50,7 +51,8 @@ class Node:
             listener(op, result)
         if log.isEnabledFor(logging.DEBUG):
             log_applied(group_id, index, op, result)
-        if op in READY_CHANGING and self.loop is not None and not self.loop.is_closed():
+        if (op in READY_CHANGING or op == Op.CREATE_JOBS and result["runs"]) and self.loop is not None \
+                and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self._pulse_ready)
 
     def _pulse_ready(self) -> None:
@@ -105,8 +107,8 @@ def log_applied(group_id: int, index: int, op: Op, result: dict[str, Any]) -> No
         for r in result["results"]:
             if r["ok"] and not r.get("existing"):
                 log.debug("job_created job_id=%s group=%d raft_index=%d", r["job_id"], group_id, index)
-    elif op == Op.CLAIM_BATCH:
-        for run_id in result["runs"]:
+    if op in (Op.CREATE_JOBS, Op.CLAIM_BATCH):
+        for run_id in result.get("runs", ()):
             log.debug("run_claimed run_id=%s group=%d raft_index=%d", run_id, group_id, index)
     elif op in (Op.LEASE_READY, Op.LEASE_BATCH):
         for worker_id, tasks in result["grants"]:

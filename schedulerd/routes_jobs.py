@@ -17,14 +17,17 @@ from storage.model import JobState
 from storage.ops import Op
 
 JOB_STATES = {s.value for s in JobState}
+US = 1_000_000
 SPEC_BYTES_ESTIMATE = 512  # a job's encoded size besides its payload, for sizing coalesced entries
 
 
 def routes(node: Node) -> list[web.RouteDef]:
-    limits = node.config.limits
-    # One Raft entry per create would cap single creates at the commit rate.
+    limits, cfg = node.config.limits, node.config
+    # One Raft entry per create would cap single creates at the commit rate. The entry
+    # claims what is due within the lookahead as the leader's scan would (claims.claim_created).
     creates = Coalescer(node.propose, Op.CREATE_JOBS, "jobs", "results", limits.create_entry_bytes_max,
-                        extra=lambda: {"now": node.clock.now_us()},
+                        extra=lambda: {"now": node.clock.now_us(), "claim_ahead_us": int(cfg.lookahead_s * US),
+                                       "grace_us": int(cfg.misfire_grace_s * US)},
                         weight=lambda spec: len(spec["payload_json"]) + SPEC_BYTES_ESTIMATE)
 
     async def create(request: web.Request) -> web.Response:
@@ -142,7 +145,7 @@ def routes(node: Node) -> list[web.RouteDef]:
             with node.read(group) as (txn, tables):
                 page, cursor = queries.list_jobs(txn, tables, state=state, queue=_queue_filter(request),
                                                  limit=limit, after=after, scan_max=limits.list_scan_max,
-                                                 prefix=prefix, bare_only=bare_only)
+                                                 now_us=node.clock.now_us(), prefix=prefix, bare_only=bare_only)
             jobs.extend(page)
             cursors.append(cursor)
         jobs.sort(key=lambda j: j["job_id"])
@@ -261,7 +264,7 @@ def _job_record(node: Node, job_id: str) -> dict[str, Any]:
 
 
 def _job_view(node: Node, job_id: str) -> dict[str, Any]:
-    return views.job(_job_record(node, job_id))
+    return views.job(queries.as_seen(_job_record(node, job_id), node.clock.now_us()))
 
 
 def _merge_cursor(jobs: list[dict[str, Any]], limit: int, cursors: list[str | None]) -> str | None:

@@ -57,23 +57,42 @@ def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         # among them) are always there to read, even past history_limit.
         records.prune_history(ctx, job_id, job["history_limit"] - 1, now)
         cutoff = now - grace
-        made = _claim_on_time(ctx, job, fire_us, now) if fire_us >= cutoff else \
+        made = [_claim_on_time(ctx, job, fire_us, now, fire_us)] if fire_us >= cutoff else \
             _claim_missed(ctx, job, fire_us, now, cutoff)
-        for run in made:
-            if run["state"] == RunState.QUEUED:
-                queued.append(run["run_id"])
-            else:
-                skipped += 1
-                reason = run["reason"] or "unknown"
-                reasons[reason] = reasons.get(reason, 0) + 1
+        skipped += tally(made, queued, reasons)
     return {"runs": queued, "skipped": skipped, "stale": stale, "skipped_reasons": reasons, "deferred": deferred}
 
 
-def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int) -> list[Record]:
+def tally(made: list[Record], queued: list[str], reasons: dict[str, int]) -> int:
+    """Add the queued runs' ids to `queued` and count the others by reason; returns how many were skipped."""
+    skipped = 0
+    for run in made:
+        if run["state"] == RunState.QUEUED:
+            queued.append(run["run_id"])
+        else:
+            skipped += 1
+            reason = run["reason"] or "unknown"
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return skipped
+
+
+def claim_created(ctx: Ctx, job: Record, now: int, grace_us: int, ahead_us: int) -> Record | None:
+    """Claim a new job's first occurrence in the entry that creates it, when it is due
+    within `ahead_us` and was not missed: what the leader's next scan would do, without
+    a claim entry and a second write of the job. Stores the job either way; returns the
+    run made, or None when the occurrence is left to the scan."""
+    fire_us = job["next_fire_us"]
+    if fire_us is None or not now - grace_us <= fire_us <= now + ahead_us:
+        records.put_job(ctx, job, None, None)
+        return None
+    return _claim_on_time(ctx, job, fire_us, now, None)
+
+
+def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int, old_fire: int | None) -> Record:
     nxt = cron.next_after(job["schedule"], fire_us)
     run = occur(ctx, job, fire_us, now, fire_us + _jitter_us(job, fire_us, nxt))
-    _advance(ctx, job, nxt, fire_us, now)
-    return [run]
+    _advance(ctx, job, nxt, old_fire, now)
+    return run
 
 
 def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) -> list[Record]:
@@ -163,12 +182,14 @@ def _jitter_us(job: Record, fire_us: int, next_us: int | None) -> int:
     return min(offset, next_us - fire_us - 1) if next_us is not None else offset
 
 
-def _advance(ctx: Ctx, job: Record, nxt: int | None, fire_us: int, now: int) -> None:
-    was = job["state"]
+def _advance(ctx: Ctx, job: Record, nxt: int | None, old_fire: int | None, now: int) -> None:
+    """Move the job on to nxt. old_fire None: the job is new in this entry (claim_created),
+    so it has no due entry to move and no earlier state to count down."""
+    was = job["state"] if old_fire is not None else None
     job.update(next_fire_us=nxt, updated_us=now)
     if nxt is None:
         job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
-    records.put_job(ctx, job, fire_us, was)
+    records.put_job(ctx, job, old_fire, was)
 
 
 def withdraw_ahead(ctx: Ctx, job: Record, now: int) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import claims, codec, cron, keys, records
+from storage import claims, codec, cron, keys, ops, records
 from storage.model import JobEvent, JobState, Reason, RunEvent, RunState, job_transition, run_transition
 from storage.records import Ctx, Record
 
@@ -22,7 +22,11 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     A job with an idempotency key that was seen before returns the job created
     then (same request body) or a conflict (different body), and changes nothing."""
     now = cmd["now"]
+    # Entries of version 3 on claim what is due within claim_ahead_us as they create it.
+    ahead = cmd.get("claim_ahead_us") if ctx.version >= ops.CLAIM_AT_CREATE_SINCE else None
+    grace = cmd.get("grace_us", claims.DEFAULT_GRACE_US)
     results = []
+    made: list[Record] = []
     for spec in cmd["jobs"]:
         job_id, idem = spec["job_id"], spec.get("idempotency_key")
         if idem is not None:
@@ -43,12 +47,20 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                    created_us=now, updated_us=now, raft_index=ctx.index)
         if job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
-        records.put_job(ctx, job, None, None)
+        if ahead is None:
+            records.put_job(ctx, job, None, None)
+        else:
+            run = claims.claim_created(ctx, job, now, grace, ahead)
+            if run is not None:
+                made.append(run)
         if idem is not None:
             ctx.txn.put(keys.idempotency_key(idem), codec.pack([job_id, spec["request_hash"]]),
                         db=ctx.tables.idempotency)
         results.append({"job_id": job_id, "ok": True})
-    return {"results": results}
+    queued: list[str] = []
+    reasons: dict[str, int] = {}
+    skipped = claims.tally(made, queued, reasons)
+    return {"results": results, "runs": queued, "skipped": skipped, "skipped_reasons": reasons}
 
 
 def _anchored(schedule: dict[str, Any], now: int) -> dict[str, Any]:

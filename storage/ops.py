@@ -14,12 +14,16 @@ from storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 2
-READABLE_VERSIONS = frozenset({1, 2})
+VERSION = 3
+READABLE_VERSIONS = frozenset({1, 2, 3})
 # Since 2 (2026-11-30): a pause or an update withdraws the runs claimed ahead of their
 # time (claims.withdraw_ahead); a claim ahead of its time that the overlap rule would
 # skip is deferred.
 AHEAD_RULES_SINCE = 2
+# Since 3 (2026-12-01): a create entry may carry claim_ahead_us and grace_us, and then
+# claims the first occurrence of each job it creates that is due within them
+# (claims.claim_created).
+CLAIM_AT_CREATE_SINCE = 3
 
 
 class Op(IntEnum):

@@ -24,12 +24,23 @@ def get_run(txn: lmdb.Transaction, t: Tables, run_id: str) -> Record | None:
     return unpack(raw) if raw else None
 
 
+def as_seen(job: Record, now_us: int) -> Record:
+    """The job as a caller sees it at now_us. A one-off whose occurrence was claimed ahead
+    of its time is completed in the store (nothing is left to claim), but it has not fired:
+    until its time it reads as scheduled, with that time next, just as a pause or an
+    update treats it (claims.withdraw_ahead)."""
+    schedule = job["schedule"]
+    if job["state"] == JobState.COMPLETED and schedule["kind"] == "at" and schedule["at_us"] > now_us:
+        return dict(job, state=JobState.SCHEDULED.value, next_fire_us=schedule["at_us"])
+    return job
+
+
 def list_jobs(txn: lmdb.Transaction, t: Tables, *, state: str | None, queue: str | None, limit: int,
-              after: str | None, scan_max: int, prefix: str = "", bare_only: bool = False
+              after: str | None, scan_max: int, now_us: int, prefix: str = "", bare_only: bool = False
               ) -> tuple[list[Record], str | None]:
-    """Jobs in id order after the cursor id, filtered; at most scan_max records are read,
-    so a rare filter returns a short page with a cursor instead of scanning everything.
-    Only ids starting with `prefix`; with bare_only, only ids without a '/'."""
+    """Jobs as seen at now_us, in id order after the cursor id, filtered; at most scan_max
+    records are read, so a rare filter returns a short page with a cursor instead of
+    scanning everything. Only ids starting with `prefix`; with bare_only, only ids without a '/'."""
     out: list[Record] = []
     scanned = 0
     start = max(keys.job_key(after) + b"\x00" if after else b"", keys.job_key(prefix))
@@ -45,7 +56,7 @@ def list_jobs(txn: lmdb.Transaction, t: Tables, *, state: str | None, queue: str
                 if scanned >= scan_max:
                     return out, key.decode()
                 continue
-            job = unpack(raw)
+            job = as_seen(unpack(raw), now_us)
             if (state is None or job["state"] == state) and (queue is None or job["queue"] == queue):
                 out.append(job)
                 if len(out) == limit:

@@ -68,6 +68,11 @@ class Driver:
         result = self.apply(Op.LEASE_BATCH, now=now, lease_until=now + lease_s * S, grants=[[worker, ids]])
         return result["grants"][0][1]
 
+    def state_counts(self) -> dict[str, int]:
+        """Jobs per state, as the store counts them (states with none left out)."""
+        with self.store.read() as txn:
+            return {k: v for k, v in queries.job_state_counts(txn, self.store.tables).items() if v}
+
     def digest(self) -> str:
         """Hash of every table's content (meta included): replicas must agree byte for byte."""
         h = hashlib.sha256()

@@ -108,7 +108,10 @@ class Model:
     # -- jobs --------------------------------------------------------------------------
 
     def create(self, index: int, cmd: Rec) -> tuple[Any, bool]:
-        out = []
+        """From version 3 on, a new job whose first occurrence is due within claim_ahead_us
+        (and not before the grace) has it claimed by the creating entry, as a scan would."""
+        now, ids, out, queued = cmd["now"], Ids(index), [], []
+        ahead = cmd.get("claim_ahead_us") if self.entry_version >= 3 else None
         for spec in cmd["jobs"]:
             if spec["job_id"] in self.jobs:
                 out.append((spec["job_id"], False, "conflict"))
@@ -117,7 +120,10 @@ class Model:
             job.update(state="scheduled", next_fire_us=first_fire(spec["schedule"]))
             self.jobs[spec["job_id"]] = job
             out.append((spec["job_id"], True, None))
-        return out, all(not ok for _, ok, _ in out)
+            fire = job["next_fire_us"]
+            if ahead is not None and now - cmd["grace_us"] <= fire <= now + ahead:
+                queued += [run["run_id"] for run in self._on_time(ids, job, fire, now) if run["state"] == "queued"]
+        return (out, queued), all(not ok for _, ok, _ in out)
 
     def cancel(self, index: int, cmd: Rec) -> tuple[Any, bool]:
         job, now = self.jobs.get(cmd["job_id"]), cmd["now"]

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from storage import fsm, ops
+from storage import fsm, ops, queries
 from storage.leases import FAIR_EVERY
 from storage.model import (JOB_TRANSITIONS, RUN_TRANSITIONS, IllegalTransition, JobEvent, JobState,
                            RunEvent, RunState, job_transition, run_transition)
 from storage.ops import Op
+from schedulerd.jobspec import JOB_DEFAULTS
 from tests.unit.fsm_driver import S, T0, Driver
 
 AT = {"kind": "at", "at_us": T0 + 10 * S}
@@ -55,6 +56,79 @@ def test_claim_creates_one_run_and_completes_one_off(d: Driver) -> None:
     job = d.job("a")
     assert job["state"] == JobState.COMPLETED and job["next_fire_us"] is None
     assert d.due(T0 + 1000 * S) == []
+
+
+def _create_claiming(d: Driver, job_id: str, schedule: dict[str, Any], ahead_s: int = 12,
+                     version: int = ops.VERSION, **fields: Any) -> dict[str, Any]:
+    """A create as the API proposes it: claiming what is due within the lookahead."""
+    spec = dict(JOB_DEFAULTS, job_id=job_id, schedule=schedule, schedule_spec={}, queue="q", payload_json="{}",
+                **fields)
+    return d.apply(Op.CREATE_JOBS, now=T0, jobs=[spec], claim_ahead_us=ahead_s * S, grace_us=5 * S,
+                   version=version)
+
+
+def test_create_claims_a_first_occurrence_due_within_the_lookahead(d: Driver) -> None:
+    result = _create_claiming(d, "a", AT)  # due in 10 s
+    (run_id,) = result["runs"]
+    run = d.run(run_id)
+    assert run["state"] == RunState.QUEUED and run["scheduled_us"] == run["available_us"] == T0 + 10 * S
+    assert d.job("a")["state"] == JobState.COMPLETED and d.job("a")["next_fire_us"] is None
+    assert d.due(T0 + 1000 * S) == [] and d.ready(T0 + 10 * S) == [run_id]
+    assert d.apply(Op.CLAIM_BATCH, now=T0 + 10 * S, claims=[["a", T0 + 10 * S]])["stale"] == 1
+    assert d.state_counts() == {"completed": 1}
+
+
+def test_create_claims_what_a_scan_at_the_same_instant_would(d: Driver, tmp_path: pathlib.Path) -> None:
+    """The same jobs created by one entry that claims, or by one that does not and a scan
+    right after: the same jobs, runs and indexes (run ids aside, which name the entry)."""
+    schedules = [AT, EVERY, CRON, {"kind": "at", "at_us": T0 - 2 * S}, {"kind": "at", "at_us": T0 + 13 * S}]
+    scanned = Driver(str(tmp_path / "scanned"))
+    for i, schedule in enumerate(schedules):
+        _create_claiming(d, f"j{i}", schedule, jitter_us=500_000)
+        scanned.create(f"j{i}", schedule, jitter_us=500_000)
+    scanned.apply(Op.CLAIM_BATCH, now=T0, grace_us=5 * S, claims=[list(c) for c in scanned.due(T0 + 12 * S)])
+    for i in range(len(schedules)):
+        job, other = d.job(f"j{i}"), scanned.job(f"j{i}")
+        assert {**job, "raft_index": 0} == {**other, "raft_index": 0}
+        assert [{**r, "run_id": ""} for r in d.runs(f"j{i}")] == [{**r, "run_id": ""} for r in scanned.runs(f"j{i}")]
+    assert sorted(d.due(T0 + 100 * S)) == sorted(scanned.due(T0 + 100 * S))
+    assert d.state_counts() == scanned.state_counts()
+
+
+def test_a_one_off_claimed_ahead_reads_as_scheduled_until_its_time(d: Driver) -> None:
+    _create_claiming(d, "a", AT)
+    _create_claiming(d, "b", {"kind": "at", "at_us": T0 - S})
+
+    def seen(now: int, state: str) -> list[str]:
+        with d.store.read() as txn:
+            jobs, _ = queries.list_jobs(txn, d.store.tables, state=state, queue=None, limit=10, after=None,
+                                        scan_max=100, now_us=now)
+        return [j["job_id"] for j in jobs]
+
+    assert d.job("a")["state"] == JobState.COMPLETED
+    assert (queries.as_seen(d.job("a"), T0)["state"], queries.as_seen(d.job("a"), T0)["next_fire_us"]) == \
+        (JobState.SCHEDULED, T0 + 10 * S)
+    assert seen(T0, "scheduled") == ["a"] and seen(T0, "completed") == ["b"]
+    assert queries.as_seen(d.job("a"), T0 + 10 * S) == d.job("a")
+    assert seen(T0 + 10 * S, "scheduled") == [] and seen(T0 + 10 * S, "completed") == ["a", "b"]
+
+
+def test_create_leaves_a_missed_first_occurrence_to_the_scan(d: Driver) -> None:
+    """Older than the grace, the misfire policy decides, in the claim as always."""
+    result = _create_claiming(d, "late", {"kind": "at", "at_us": T0 - 60 * S}, misfire_policy="skip")
+    assert result["runs"] == [] and d.due(T0) == [("late", T0 - 60 * S)]
+    assert d.apply(Op.CLAIM_BATCH, now=T0, grace_us=5 * S, claims=[["late", T0 - 60 * S]])["skipped"] == 1
+
+
+def test_create_at_version_2_claims_nothing(d: Driver) -> None:
+    assert _create_claiming(d, "a", AT, version=2)["runs"] == []
+    assert d.job("a")["state"] == JobState.SCHEDULED and d.due(T0 + 10 * S) == [("a", T0 + 10 * S)]
+
+
+def test_create_claim_skips_a_first_occurrence_past_its_starting_deadline(d: Driver) -> None:
+    result = _create_claiming(d, "a", {"kind": "at", "at_us": T0 - 3 * S}, starting_deadline_us=S)
+    assert result["runs"] == [] and result["skipped_reasons"] == {"deadline": 1}
+    assert [r["state"] for r in d.runs("a")] == [RunState.SKIPPED]
 
 
 def test_second_claim_of_an_occurrence_is_rejected(d: Driver) -> None:
@@ -246,8 +320,9 @@ def test_corrupt_or_unknown_entries_are_fatal(d: Driver) -> None:
     import msgpack
     with pytest.raises(fsm.FatalApplyError, match="unknown op"):
         fsm.apply(d.store, 1, msgpack.packb([250, ops.VERSION, {}]))
-    with pytest.raises(fsm.FatalApplyError, match="entry version 3"):  # from a newer build
-        fsm.apply(d.store, 1, msgpack.packb([int(Op.PAUSE_JOB), 3, {"now": T0, "job_id": "a"}]))
+    newer = ops.VERSION + 1
+    with pytest.raises(fsm.FatalApplyError, match=f"entry version {newer}"):  # from a newer build
+        fsm.apply(d.store, 1, msgpack.packb([int(Op.PAUSE_JOB), newer, {"now": T0, "job_id": "a"}]))
     assert d.store.last_applied() == 0
 
 

@@ -102,9 +102,10 @@ ZOMBIE_OPS = st.sampled_from([Op.ACK, Op.NACK, Op.HEARTBEAT, Op.EXPIRE_LEASES])
 LEASE_MODES = st.sampled_from(["holder", "holder", "holder", "zombie", "wrong_fence", "wrong_worker", "ghost"])
 SMALL_STEPS = st.one_of(st.just(0), st.integers(1, 3 * S))
 PICK = st.integers(0, 63)
-# Entries are written at this build's version; one written at version 1 (before a rolling
-# restart) keeps the rules it had: no withdrawal by pause or update, no deferred claims.
-VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 1])
+# Entries are written at this build's version; one written earlier (before a rolling restart)
+# keeps the rules it had: at 1 no withdrawal by pause or update and no deferred claims, before
+# 3 no claim in the creating entry.
+VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 2, 1])
 
 
 def resolve(schedule: tuple[str, int], now: int) -> Rec:
@@ -165,7 +166,7 @@ def state_digest(d: Driver) -> str:
 def normalize(op: Op, res: Rec) -> Any:
     """The parts of a result the model predicts."""
     if op == Op.CREATE_JOBS:
-        return [(r["job_id"], r["ok"], r.get("code")) for r in res["results"]]
+        return [(r["job_id"], r["ok"], r.get("code")) for r in res["results"]], res["runs"]
     if op == Op.CLAIM_BATCH:
         return res["runs"], res["skipped"], res["stale"], [tuple(item) for item in res["deferred"]]
     if op in (Op.LEASE_BATCH, Op.LEASE_READY):
@@ -320,19 +321,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         return dict(JOB_DEFAULTS, job_id=job_id, schedule=resolve(schedule, self.now), schedule_spec={}, queue="q",
                     payload_json="{}", **opts)
 
+    def _create(self, specs: list[Rec], window: tuple[int, int], version: int) -> None:
+        """As the API proposes it: the entry claims what is due within the node's lookahead."""
+        lookahead, grace = window
+        self.propose(Op.CREATE_JOBS, self.model.create, version, now=self.now, jobs=specs, claim_ahead_us=lookahead,
+                     grace_us=grace)
+
     @initialize(jobs=st.lists(st.tuples(st.sampled_from(JOB_IDS), SCHEDULES, st.fixed_dictionaries(OPTIONS)),
-                              min_size=1, max_size=3))
-    def seed(self, jobs: list[tuple[str, tuple[str, int], Rec]]) -> None:
+                              min_size=1, max_size=3), window=CLAIM_WINDOWS, version=VERSIONS)
+    def seed(self, jobs: list[tuple[str, tuple[str, int], Rec]], window: tuple[int, int], version: int) -> None:
         """Every sequence starts with jobs, so the steps after have something to act on."""
-        self.propose(Op.CREATE_JOBS, self.model.create, now=self.now,
-                     jobs=[self._spec(j, schedule, opts) for j, schedule, opts in jobs])
+        self._create([self._spec(j, schedule, opts) for j, schedule, opts in jobs], window, version)
 
     @precondition(lambda self: len(self.model.jobs) < len(JOB_IDS))  # a conflict still comes up often
     @rule(job_ids=st.lists(st.sampled_from(JOB_IDS), min_size=1, max_size=2), schedule=SCHEDULES,
-          opts=st.fixed_dictionaries(OPTIONS))
-    def create(self, job_ids: list[str], schedule: tuple[str, int], opts: Rec) -> None:
-        specs = [self._spec(j, schedule, opts) for j in job_ids]
-        self.propose(Op.CREATE_JOBS, self.model.create, now=self.now, jobs=specs)
+          opts=st.fixed_dictionaries(OPTIONS), window=CLAIM_WINDOWS, version=VERSIONS)
+    def create(self, job_ids: list[str], schedule: tuple[str, int], opts: Rec, window: tuple[int, int],
+               version: int) -> None:
+        self._create([self._spec(j, schedule, opts) for j in job_ids], window, version)
 
     @rule(job_id=st.sampled_from(TARGETS))
     def cancel(self, job_id: str) -> None:
