@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd import auth, dashboard, namespaces, openapi, routes_jobs, routes_preview, routes_tasks
+from schedulerd import auth, dashboard, namespaces, openapi, routes_jobs, routes_preview, routes_tasks, views
 from schedulerd import request as request_mod
 from schedulerd.auth import TokenFile
 from schedulerd.errors import InvalidRequest, SchedulerError, Unavailable, status_of
@@ -27,7 +27,7 @@ RETRY_AFTER_S = "1"
 
 
 def error_response(status: int, code: str, message: str) -> web.Response:
-    resp = web.json_response({"error": {"code": code, "message": message}}, status=status)
+    resp = views.respond({"error": {"code": code, "message": message}}, status=status)
     if status == 503:
         resp.headers["Retry-After"] = RETRY_AFTER_S
     if status == 401:
@@ -80,7 +80,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
     app[request_mod.LIMITS] = node.config.limits
 
     async def cluster(request: web.Request) -> web.Response:
-        return web.json_response({"node": node.config.raft.self_addr,
+        return views.respond({"node": node.config.raft.self_addr,
                                   "http": f"{node.config.http_host}:{node.config.http_port}",
                                   "groups": [g.status() for g in node.groups],
                                   "poll_waiters": leases.waiters})
@@ -101,7 +101,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
                 continue
             shown.append({"queue": queue, "namespace": namespace, "ready": ready, "waiting": later,
                           "oldest_ready_age_s": (now - oldest) / 1_000_000})
-        return web.json_response({"queues": shown, "truncated": cut})
+        return views.respond({"queues": shown, "truncated": cut})
 
     async def audit_log(request: web.Request) -> web.Response:
         """Newest first; the cursor is the last record's position."""
@@ -118,7 +118,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
                 records.extend(queries.audit_records(txn, tables, limit=limit, before=before))
         records.sort(key=lambda kr: (kr[1]["at_us"], kr[0]), reverse=True)
         page = records[:limit]
-        return web.json_response({
+        return views.respond({
             "records": [{"at": to_iso(r["at_us"]), "who": r["who"], "what": r["what"], "via": r["via"],
                          "outcome": r["outcome"], "raft_index": r["raft_index"]} for _, r in page],
             "next_cursor": page[-1][0].hex() if len(page) == limit else None})
@@ -131,21 +131,21 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
             with node.read(group) as (txn, tables):
                 out.append({"group": group.group_id, "last_applied": last_applied(txn, tables),
                             "digest": state_digest(txn, tables)})
-        return web.json_response({"groups": out})
+        return views.respond({"groups": out})
 
     spec = openapi.document(version("schedulerd"))
 
     async def openapi_json(request: web.Request) -> web.Response:
-        return web.json_response(spec)
+        return views.respond(spec)
 
     async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
+        return views.respond({"ok": True})
 
     async def readyz(request: web.Request) -> web.Response:
         problems = _readiness_problems([g.status() for g in node.groups])
         if problems:
             raise Unavailable("; ".join(problems))
-        return web.json_response({"ok": True})
+        return views.respond({"ok": True})
 
     app.add_routes([web.get("/v1/cluster", cluster), web.get("/v1/cluster/digest", digest),
                     web.get("/v1/queues", queues), web.get("/ui", dashboard.page), web.get("/v1/audit", audit_log),

@@ -38,7 +38,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         (result,) = await _create(node, creates, [spec])
         if not result["ok"]:
             raise from_wire(result["code"], result["message"])
-        return web.json_response(_job_view(node, result["job_id"]), status=200 if result.get("existing") else 201)
+        return views.respond(_job_view(node, result["job_id"]), status=200 if result.get("existing") else 201)
 
     async def update(request: web.Request) -> web.Response:
         job_id = _job_id(request)
@@ -55,7 +55,7 @@ def routes(node: Node) -> list[web.RouteDef]:
             changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
         await _job_command(node, Op.UPDATE_JOB, job_id, {
             "changes": changes, "audit": audit_note(request, f"update job {job_id}: {', '.join(sorted(raw))}")})
-        return web.json_response(_job_view(node, job_id))
+        return views.respond(_job_view(node, job_id))
 
     def lifecycle(op: Op) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
@@ -63,8 +63,8 @@ def routes(node: Node) -> list[web.RouteDef]:
             verb = {Op.PAUSE_JOB: "pause", Op.RESUME_JOB: "resume", Op.TRIGGER_JOB: "trigger"}[op]
             result = await _job_command(node, op, job_id, {"audit": audit_note(request, f"{verb} job {job_id}")})
             if op == Op.TRIGGER_JOB:
-                return web.json_response({"run": views.run(result["run"])}, status=201)
-            return web.json_response(_job_view(node, job_id))
+                return views.respond({"run": views.run(result["run"])}, status=201)
+            return views.respond(_job_view(node, job_id))
         return handle
 
     async def dead_letter_list(request: web.Request) -> web.Response:
@@ -88,7 +88,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         stop = min(stops) if stops else None
         if stop is not None:
             runs = [r for r in runs if (r["finished_us"], r["run_id"]) <= stop]
-        return web.json_response({"runs": [views.run(r) for r in runs],
+        return views.respond({"runs": [views.run(r) for r in runs],
                                   "next_cursor": f"{stop[0]}:{stop[1]}" if stop else None})
 
     async def redrive(request: web.Request) -> web.Response:
@@ -98,7 +98,7 @@ def routes(node: Node) -> list[web.RouteDef]:
             "run_id": run_id, "audit": audit_note(request, f"re-drive run {run_id}")})
         if not result["ok"]:
             raise from_wire(result["code"], result["message"])
-        return web.json_response({"run": views.run(result["run"])})
+        return views.respond({"run": views.run(result["run"])})
 
     async def create_batch(request: web.Request) -> web.Response:
         now = node.clock.now_us()
@@ -123,10 +123,10 @@ def routes(node: Node) -> list[web.RouteDef]:
                {"job_id": namespaces.split(r["job_id"])[1], "ok": False,
                 "error": {"code": r["code"], "message": r["message"]}}
                for r in results]
-        return web.json_response({"results": out}, status=200)
+        return views.respond({"results": out}, status=200)
 
     async def get(request: web.Request) -> web.Response:
-        return web.json_response(_job_view(node, _job_id(request)))
+        return views.respond(_job_view(node, _job_id(request)))
 
     async def list_jobs(request: web.Request) -> web.Response:
         state = request.query.get("state")
@@ -152,12 +152,12 @@ def routes(node: Node) -> list[web.RouteDef]:
         next_cursor = _merge_cursor(jobs, limit, cursors)
         if next_cursor is not None:
             jobs = [j for j in jobs if j["job_id"] <= next_cursor]
-        return web.json_response({"jobs": [views.job(j) for j in jobs], "next_cursor": next_cursor})
+        return views.respond({"jobs": [views.job(j) for j in jobs], "next_cursor": next_cursor})
 
     async def cancel(request: web.Request) -> web.Response:
         job_id = _job_id(request)
         await _job_command(node, Op.CANCEL_JOB, job_id, {"audit": audit_note(request, f"cancel job {job_id}")})
-        return web.json_response(_job_view(node, job_id))
+        return views.respond(_job_view(node, job_id))
 
     async def job_runs(request: web.Request) -> web.Response:
         job_id = _job_id(request)
@@ -172,11 +172,11 @@ def routes(node: Node) -> list[web.RouteDef]:
                 raise NotFound(f"no job {job_id!r}")
             runs, nxt = queries.job_runs(txn, tables, job_id, limit=limit,
                                          after_us=int(cursor) if cursor else None)
-        return web.json_response({"runs": [views.run(r) for r in runs],
+        return views.respond({"runs": [views.run(r) for r in runs],
                                   "next_cursor": str(nxt) if nxt is not None else None})
 
     async def get_run(request: web.Request) -> web.Response:
-        return web.json_response(views.run(_visible_run(node, request, request.match_info["run_id"])[1]))
+        return views.respond(views.run(_visible_run(node, request, request.match_info["run_id"])[1]))
 
     return [
         web.post("/v1/jobs", create),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from schedulerd import jobspec, timefmt
+from schedulerd import jobspec, timefmt, views
 from schedulerd.errors import InvalidJob, LimitExceeded
 from storage import cron
 
@@ -28,7 +28,7 @@ def routes(node: "Node") -> list[web.RouteDef]:
         now_us = node.clock.now_us()  # one reading: an every interval is anchored at it
         schedule = jobspec.parse_schedule(_schedule_spec(query), now_us, node.config.limits)
         fire_times = cron.preview(schedule, now_us, n)
-        return web.json_response({"fire_times": [timefmt.to_iso(us) for us in fire_times]})
+        return views.respond({"fire_times": [timefmt.to_iso(us) for us in fire_times]})
 
     return [web.get("/v1/preview", preview)]
 

@@ -45,14 +45,14 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
                                    _mine(node, request, [(request.match_info["run_id"], req.fence(data))])))[0]
         if not result["ok"]:
             raise from_wire(result["error"]["code"], result["error"]["message"])
-        return web.json_response({"lease_until": result["lease_until"]})
+        return views.respond({"lease_until": result["lease_until"]})
 
     async def heartbeat_batch(request: web.Request) -> web.Response:
         data = await req.body(request)
         worker_id = req.string(data, "worker_id", max_len=128)
         raw = req.items(data, "leases", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
         pairs = [(req.string(item, "run_id"), req.fence(item)) for item in _objects(raw, "leases")]
-        return web.json_response({"results": await _heartbeat(node, commits, worker_id,
+        return views.respond({"results": await _heartbeat(node, commits, worker_id,
                                                               _mine(node, request, pairs))})
 
     async def ack_one(request: web.Request) -> web.Response:
@@ -62,7 +62,7 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
                              _mine(node, request, [item])))[0]
         if not result["ok"]:
             raise from_wire(result["error"]["code"], result["error"]["message"])
-        return web.json_response({"run": result["run"]})
+        return views.respond({"run": result["run"]})
 
     async def ack_batch(request: web.Request) -> web.Response:
         data = await req.body(request)
@@ -71,7 +71,7 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         acks = [(req.string(item, "run_id"), req.fence(item), req.result_json(item, limits.result_bytes_max))
                 for item in _objects(raw, "acks")]
         results = await _ack(node, commits, worker_id, _mine(node, request, acks), with_runs=False)
-        return web.json_response({"results": results})
+        return views.respond({"results": results})
 
     async def nack(request: web.Request) -> web.Response:
         data = await req.body(request)
@@ -85,7 +85,7 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
             "fence": req.fence(data), "error": error[: limits.error_chars_max] or "nack without error text"})
         if not result["ok"]:
             raise from_wire(result["code"], result["message"])
-        return web.json_response({"run": views.run(result["run"])})
+        return views.respond({"run": views.run(result["run"])})
 
     return [
         web.post("/v1/tasks/poll", poll),
