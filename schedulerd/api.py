@@ -81,9 +81,9 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
 
     async def cluster(request: web.Request) -> web.Response:
         return views.respond({"node": node.config.raft.self_addr,
-                                  "http": f"{node.config.http_host}:{node.config.http_port}",
-                                  "groups": [g.status() for g in node.groups],
-                                  "poll_waiters": leases.waiters})
+                              "http": f"{node.config.http_host}:{node.config.http_port}",
+                              "groups": [g.status() for g in node.groups],
+                              "poll_waiters": leases.waiters})
 
     async def queues(request: web.Request) -> web.Response:
         """Per queue: runs leasable now, runs queued for later, the oldest ready run's wait."""

@@ -89,7 +89,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         if stop is not None:
             runs = [r for r in runs if (r["finished_us"], r["run_id"]) <= stop]
         return views.respond({"runs": [views.run(r) for r in runs],
-                                  "next_cursor": f"{stop[0]}:{stop[1]}" if stop else None})
+                              "next_cursor": f"{stop[0]}:{stop[1]}" if stop else None})
 
     async def redrive(request: web.Request) -> web.Response:
         run_id = request.match_info["run_id"]
@@ -173,7 +173,7 @@ def routes(node: Node) -> list[web.RouteDef]:
             runs, nxt = queries.job_runs(txn, tables, job_id, limit=limit,
                                          after_us=int(cursor) if cursor else None)
         return views.respond({"runs": [views.run(r) for r in runs],
-                                  "next_cursor": str(nxt) if nxt is not None else None})
+                              "next_cursor": str(nxt) if nxt is not None else None})
 
     async def get_run(request: web.Request) -> web.Response:
         return views.respond(views.run(_visible_run(node, request, request.match_info["run_id"])[1]))

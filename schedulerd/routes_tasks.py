@@ -53,7 +53,7 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         raw = req.items(data, "leases", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
         pairs = [(req.string(item, "run_id"), req.fence(item)) for item in _objects(raw, "leases")]
         return views.respond({"results": await _heartbeat(node, commits, worker_id,
-                                                              _mine(node, request, pairs))})
+                                                          _mine(node, request, pairs))})
 
     async def ack_one(request: web.Request) -> web.Response:
         data = await req.body(request)

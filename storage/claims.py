@@ -192,6 +192,14 @@ def _advance(ctx: Ctx, job: Record, nxt: int | None, old_fire: int | None, now: 
     records.put_job(ctx, job, old_fire, was)
 
 
+def one_off_ahead(job: Record, now: int) -> bool:
+    """A one-off completed by a claim ahead of its time, which has not come yet at `now`.
+    It has not fired: it reads as scheduled (queries.as_seen), a pause or an update
+    withdraws its claim, and a resume of it is the no-op a resume of a scheduled job is."""
+    schedule = job["schedule"]
+    return job["state"] == JobState.COMPLETED and schedule["kind"] == "at" and schedule["at_us"] > now
+
+
 def withdraw_ahead(ctx: Ctx, job: Record, now: int) -> None:
     """Give back the occurrences claimed ahead of their time: queued runs scheduled after
     `now` (a trigger stays). Their runs and occurrence keys go and the job's next fire

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 import lmdb
 
-from storage import keys
+from storage import claims, keys
 from storage.codec import unpack
 from storage.db import DB_NAMES, Tables
 from storage.model import JobState
@@ -29,9 +29,8 @@ def as_seen(job: Record, now_us: int) -> Record:
     of its time is completed in the store (nothing is left to claim), but it has not fired:
     until its time it reads as scheduled, with that time next, just as a pause or an
     update treats it (claims.withdraw_ahead)."""
-    schedule = job["schedule"]
-    if job["state"] == JobState.COMPLETED and schedule["kind"] == "at" and schedule["at_us"] > now_us:
-        return dict(job, state=JobState.SCHEDULED.value, next_fire_us=schedule["at_us"])
+    if claims.one_off_ahead(job, now_us):
+        return dict(job, state=JobState.SCHEDULED.value, next_fire_us=job["schedule"]["at_us"])
     return job
 
 

@@ -175,7 +175,13 @@ class Model:
         return (True, None), False
 
     def resume(self, index: int, cmd: Rec) -> tuple[Any, bool]:
-        """Re-armed from now: nothing from inside the pause is caught up; a passed one-off fires at once."""
+        """Re-armed from now: nothing from inside the pause is caught up; a passed one-off fires at once.
+        From version 3 on, a one-off completed by a claim ahead of its time is resumed as the
+        scheduled job it reads as: a no-op."""
+        ahead = self.jobs.get(cmd["job_id"])
+        if ahead is not None and self.entry_version >= 3 and ahead["state"] == "completed" and \
+                ahead["schedule"]["kind"] == "at" and ahead["schedule"]["at_us"] > cmd["now"]:
+            return (True, None), True
         job, err = self._live(cmd["job_id"])
         if err:
             return err, True

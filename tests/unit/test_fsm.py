@@ -113,6 +113,15 @@ def test_a_one_off_claimed_ahead_reads_as_scheduled_until_its_time(d: Driver) ->
     assert seen(T0 + 10 * S, "scheduled") == [] and seen(T0 + 10 * S, "completed") == ["a", "b"]
 
 
+def test_resuming_a_one_off_claimed_ahead_is_a_no_op_as_for_a_scheduled_job(d: Driver) -> None:
+    _create_claiming(d, "a", AT)
+    job, runs = d.job("a"), d.runs("a")
+    assert d.apply(Op.RESUME_JOB, now=T0, job_id="a") == {"ok": True}
+    assert d.job("a") == job and d.runs("a") == runs
+    assert d.apply(Op.RESUME_JOB, now=T0, job_id="a", version=2)["code"] == "conflict"  # it read as completed then
+    assert d.apply(Op.RESUME_JOB, now=T0 + 10 * S, job_id="a")["code"] == "conflict"  # its time has come
+
+
 def test_create_leaves_a_missed_first_occurrence_to_the_scan(d: Driver) -> None:
     """Older than the grace, the misfire policy decides, in the claim as always."""
     result = _create_claiming(d, "late", {"kind": "at", "at_us": T0 - 60 * S}, misfire_policy="skip")

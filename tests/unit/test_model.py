@@ -348,9 +348,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def pause(self, job_id: str, version: int) -> None:
         self.propose(Op.PAUSE_JOB, self.model.pause, version, now=self.now, job_id=job_id)
 
-    @rule(job_id=st.sampled_from(TARGETS))
-    def resume(self, job_id: str) -> None:
-        self.propose(Op.RESUME_JOB, self.model.resume, now=self.now, job_id=job_id)
+    @rule(job_id=st.sampled_from(TARGETS), version=VERSIONS)
+    def resume(self, job_id: str, version: int) -> None:
+        self.propose(Op.RESUME_JOB, self.model.resume, version, now=self.now, job_id=job_id)
 
     @rule(job_id=st.sampled_from(TARGETS), changes=CHANGES, version=VERSIONS)
     def update(self, job_id: str, changes: Rec, version: int) -> None:
