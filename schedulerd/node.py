@@ -108,7 +108,7 @@ def log_applied(group_id: int, index: int, op: Op, result: dict[str, Any]) -> No
             if r["ok"] and not r.get("existing"):
                 log.debug("job_created job_id=%s group=%d raft_index=%d", r["job_id"], group_id, index)
     if op in (Op.CREATE_JOBS, Op.CLAIM_BATCH):
-        for run_id in result.get("runs", ()):
+        for run_id in result["runs"]:
             log.debug("run_claimed run_id=%s group=%d raft_index=%d", run_id, group_id, index)
     elif op in (Op.LEASE_READY, Op.LEASE_BATCH):
         for worker_id, tasks in result["grants"]:

@@ -17,7 +17,6 @@ from storage.model import JobState
 from storage.ops import Op
 
 JOB_STATES = {s.value for s in JobState}
-US = 1_000_000
 SPEC_BYTES_ESTIMATE = 512  # a job's encoded size besides its payload, for sizing coalesced entries
 
 
@@ -26,8 +25,8 @@ def routes(node: Node) -> list[web.RouteDef]:
     # One Raft entry per create would cap single creates at the commit rate. The entry
     # claims what is due within the lookahead as the leader's scan would (claims.claim_created).
     creates = Coalescer(node.propose, Op.CREATE_JOBS, "jobs", "results", limits.create_entry_bytes_max,
-                        extra=lambda: {"now": node.clock.now_us(), "claim_ahead_us": int(cfg.lookahead_s * US),
-                                       "grace_us": int(cfg.misfire_grace_s * US)},
+                        extra=lambda: {"now": node.clock.now_us(), "claim_ahead_us": int(cfg.lookahead_s * views.US),
+                                       "grace_us": int(cfg.misfire_grace_s * views.US)},
                         weight=lambda spec: len(spec["payload_json"]) + SPEC_BYTES_ESTIMATE)
 
     async def create(request: web.Request) -> web.Response:
