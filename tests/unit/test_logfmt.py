@@ -31,7 +31,9 @@ def test_per_run_events_are_debug_only_with_their_ids(caplog) -> None:
     lease = {"grants": [["w1", [{"run_id": "0-7-0", "job_id": "backup", "fence": 9}]]], "skipped": 0, "now": 1}
     with caplog.at_level(logging.DEBUG, logger="schedulerd.node"):
         log_applied(0, 9, Op.LEASE_BATCH, lease)
-        log_applied(0, 5, Op.CREATE_JOBS, {"results": [{"job_id": "backup", "ok": True}]})
+        log_applied(0, 5, Op.CREATE_JOBS, {"results": [{"job_id": "backup", "ok": True}], "runs": ["0-5-0"],
+                                           "skipped": 0, "skipped_reasons": {}})
     assert "run_leased run_id=0-7-0 job_id=backup worker_id=w1 fence=9 raft_index=9" in caplog.text
     assert "job_created job_id=backup group=0 raft_index=5" in caplog.text
+    assert "run_claimed run_id=0-5-0 group=0 raft_index=5" in caplog.text  # claimed by its create
     assert all(r.levelno == logging.DEBUG for r in caplog.records)
