@@ -127,8 +127,15 @@ def occur(ctx: Ctx, job: Record, scheduled_us: int, now: int, available_us: int,
         return _skipped(ctx, job, scheduled_us, now, Reason.OVERLAP)
     run = _new_run(ctx, job, scheduled_us, now, RunState.QUEUED, available_us)
     run["trigger"] = trigger
-    records.insert_run(ctx, run)
+    records.insert_run(ctx, run, _keeps_stats(ctx, job, trigger))
     return run
+
+
+def _keeps_stats(ctx: Ctx, job: Record, trigger: bool) -> bool:
+    """Whether a job's run counts are stored (records.job_stats): from version 4 on, for a
+    job that repeats and for a one-off once triggered (it may be triggered again and
+    again); entries before it store every job's."""
+    return ctx.version < ops.STATS_KEPT_SINCE or trigger or job["schedule"]["kind"] != "at"
 
 
 def _overlap_blocks(ctx: Ctx, job: Record) -> bool:
@@ -144,7 +151,7 @@ def _overlap_blocks(ctx: Ctx, job: Record) -> bool:
 def _skipped(ctx: Ctx, job: Record, scheduled_us: int, now: int, reason: Reason) -> Record:
     run = _new_run(ctx, job, scheduled_us, now, RunState.SKIPPED, scheduled_us)
     run.update(reason=reason.value, finished_us=now)
-    records.insert_run(ctx, run)
+    records.insert_run(ctx, run, _keeps_stats(ctx, job, False))
     return run
 
 
@@ -156,7 +163,7 @@ def _summary(ctx: Ctx, job: Record, found: catchup.Missed, now: int) -> Record:
                skipped_until_us=found.older_last,
                error=(f"{count if count is not None else f'more than {catchup.COUNT_STEPS_MAX}'} missed "
                       f"occurrences beyond catchup_limit={job['catchup_limit']} were not run"))
-    records.insert_run(ctx, run)
+    records.insert_run(ctx, run, _keeps_stats(ctx, job, False))
     return run
 
 

@@ -30,8 +30,9 @@ class Ctx:
     runs_made: int = 0
     audits_made: int = 0
     # Per-job run counts and per-state job totals change many times in one entry:
-    # kept here and written once, by `flush`, at the end of the entry.
-    stats: dict[str, Record] = field(default_factory=dict)
+    # kept here and written once, by `flush`, at the end of the entry. None: the
+    # job has no stored counts (see `job_stats`).
+    stats: dict[str, Record | None] = field(default_factory=dict)
     stats_changed: set[str] = field(default_factory=set)
     state_counts: dict[str, int] = field(default_factory=dict)
 
@@ -77,24 +78,49 @@ def occurrence_taken(ctx: Ctx, job_id: str, scheduled_us: int) -> bool:
 
 
 def job_stats(ctx: Ctx, job_id: str) -> Record:
-    """Counts kept beside each job: runs waiting (queued/retry_wait), running, and stored."""
-    stats = ctx.stats.get(job_id)
-    if stats is None:
-        raw = ctx.txn.get(keys.job_key(job_id), db=ctx.tables.job_stats)
-        stats = ctx.stats[job_id] = unpack(raw) if raw else {"pending": 0, "running": 0, "runs": 0}
+    """Counts of one job's runs: waiting (queued/retry_wait), running, and stored.
+
+    They are stored beside a job that repeats, whose claims ask for them every time
+    (history pruning, the overlap rule). A one-off's are counted from its few runs
+    when asked: storing them cost a read and a write of the counts in every entry
+    that touched one of its runs (docs/decisions.md)."""
+    stats = _stored_stats(ctx, job_id)
+    return stats if stats is not None else _count_runs(ctx, job_id)
+
+
+def _stored_stats(ctx: Ctx, job_id: str) -> Record | None:
+    if job_id in ctx.stats:
+        return ctx.stats[job_id]
+    raw = ctx.txn.get(keys.job_key(job_id), db=ctx.tables.job_stats)
+    stats = ctx.stats[job_id] = unpack(raw) if raw else None
     return stats
 
 
+def _count_runs(ctx: Ctx, job_id: str) -> Record:
+    stats = {"pending": 0, "running": 0, "runs": 0}
+    for run_id in occurrence_runs(ctx, job_id):
+        run = get_run(ctx, run_id)
+        if run is not None:
+            _count(stats, run, 1)
+    return stats
+
+
+def _count(stats: Record, run: Record, sign: int) -> None:
+    stats["runs"] += sign
+    if run["state"] in PENDING_RUN_STATES:
+        stats["pending"] += sign
+    elif run["state"] == RunState.RUNNING:
+        stats["running"] += sign
+
+
 def _bump(ctx: Ctx, job_id: str, before: Record | None, after: Record | None) -> None:
-    stats = job_stats(ctx, job_id)
+    """Follow a run's change in its job's stored counts, if the job has them."""
+    stats = _stored_stats(ctx, job_id)
+    if stats is None:
+        return
     for rec, sign in ((before, -1), (after, 1)):
-        if rec is None:
-            continue
-        stats["runs"] += sign
-        if rec["state"] in PENDING_RUN_STATES:
-            stats["pending"] += sign
-        elif rec["state"] == RunState.RUNNING:
-            stats["running"] += sign
+        if rec is not None:
+            _count(stats, rec, sign)
     ctx.stats_changed.add(job_id)
 
 
@@ -110,14 +136,19 @@ def flush(ctx: Ctx) -> None:
         ctx.txn.put(keys.JOB_STATE_COUNTS, pack(counts), db=ctx.tables.meta)
 
 
-def insert_run(ctx: Ctx, run: Record) -> None:
-    """A new run: the occurrence key makes (job_id, scheduled_time) unique."""
-    occ = keys.occurrence_key(run["job_id"], run["scheduled_us"])
+def insert_run(ctx: Ctx, run: Record, keep_stats: bool) -> None:
+    """A new run: the occurrence key makes (job_id, scheduled_time) unique. keep_stats:
+    its job's counts are stored from now on (counted from its runs so far, the first time)."""
+    job_id = run["job_id"]
+    if keep_stats and _stored_stats(ctx, job_id) is None:
+        ctx.stats[job_id] = _count_runs(ctx, job_id)
+        ctx.stats_changed.add(job_id)
+    occ = keys.occurrence_key(job_id, run["scheduled_us"])
     if not ctx.txn.put(occ, run["run_id"].encode(), db=ctx.tables.occurrences, overwrite=False):
         raise AssertionError(f"occurrence {run['job_id']}@{run['scheduled_us']} claimed twice")
     ctx.txn.put(keys.run_key(run["run_id"]), pack(run), db=ctx.tables.runs)
     _index_run(ctx, run)
-    _bump(ctx, run["job_id"], None, run)
+    _bump(ctx, job_id, None, run)
 
 
 def update_run(ctx: Ctx, before: Record, after: Record) -> None:

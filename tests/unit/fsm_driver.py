@@ -6,7 +6,7 @@ import hashlib
 from typing import Any
 
 from schedulerd.jobspec import JOB_DEFAULTS
-from storage import fsm, ops, queries
+from storage import codec, fsm, ops, queries
 from storage.db import DB_NAMES, Store
 from storage.ops import Op
 
@@ -67,6 +67,12 @@ class Driver:
         ids = self.ready(now) if run_ids is None else run_ids
         result = self.apply(Op.LEASE_BATCH, now=now, lease_until=now + lease_s * S, grants=[[worker, ids]])
         return result["grants"][0][1]
+
+    def stored_stats(self, job_id: str) -> dict[str, int] | None:
+        """The job's run counts as stored beside it (None: not stored, counted when asked)."""
+        with self.store.read() as txn:
+            raw = txn.get(job_id.encode(), db=self.store.tables.job_stats)
+        return codec.unpack(raw) if raw else None
 
     def state_counts(self) -> dict[str, int]:
         """Jobs per state, as the store counts them (states with none left out)."""

@@ -314,6 +314,56 @@ def test_cancel_completed_one_off_with_queued_run_cancels_it(d: Driver) -> None:
     assert d.run(run_id)["state"] == RunState.CANCELLED
 
 
+def test_a_one_off_stores_no_run_counts_through_its_life(d: Driver) -> None:
+    (run_id,) = _create_claiming(d, "a", AT)["runs"]
+    (task,) = d.lease(T0 + 10 * S)
+    d.apply(Op.ACK, now=T0 + 11 * S, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    assert d.run(run_id)["state"] == RunState.SUCCEEDED and d.stored_stats("a") is None
+    d.create("b", {"kind": "at", "at_us": T0 + 100 * S})
+    d.claim_due(T0 + 100 * S)
+    assert d.stored_stats("b") is None
+
+
+def test_a_cancel_finds_the_queued_run_of_a_one_off_without_stored_counts(d: Driver) -> None:
+    (run_id,) = _create_claiming(d, "a", AT)["runs"]
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 9 * S, job_id="a") == {"ok": True, "cancelled_runs": 1}
+    assert d.run(run_id)["state"] == RunState.CANCELLED and d.stored_stats("a") is None
+
+
+def test_repeating_jobs_store_their_run_counts(d: Driver) -> None:
+    d.create("e", EVERY)
+    d.claim_due(T0 + 5 * S)
+    assert d.stored_stats("e") == {"pending": 1, "running": 0, "runs": 1}
+    d.lease(T0 + 5 * S)
+    assert d.stored_stats("e") == {"pending": 0, "running": 1, "runs": 1}
+
+
+def test_a_triggered_one_off_stores_its_counts_from_the_runs_it_has(d: Driver) -> None:
+    _create_claiming(d, "a", AT)
+    d.lease(T0 + 10 * S)
+    assert d.apply(Op.TRIGGER_JOB, now=T0 + 11 * S, job_id="a")["ok"]
+    assert d.stored_stats("a") == {"pending": 1, "running": 1, "runs": 2}
+
+
+def test_before_version_4_a_one_off_stores_its_counts(d: Driver) -> None:
+    _create_claiming(d, "a", AT, version=3)
+    assert d.stored_stats("a") == {"pending": 1, "running": 0, "runs": 1}
+    d.lease(T0 + 10 * S)
+    assert d.stored_stats("a") == {"pending": 0, "running": 1, "runs": 1}
+
+
+def test_a_one_off_made_to_repeat_counts_its_earlier_run_for_overlap_and_history(d: Driver) -> None:
+    """Its claimed run was never counted in a stored record: the overlap rule and the first
+    stored counts still see it."""
+    _create_claiming(d, "a", AT)
+    d.lease(T0 + 10 * S)
+    d.apply(Op.UPDATE_JOB, now=T0 + 11 * S, job_id="a",
+            changes={"schedule": EVERY, "overlap_policy": "skip", "history_limit": 5})
+    d.claim_due(T0 + 16 * S)
+    assert [r["reason"] for r in d.runs("a")] == [None, "overlap"]
+    assert d.stored_stats("a") == {"pending": 0, "running": 1, "runs": 2}
+
+
 def test_replaying_an_applied_index_is_a_no_op(d: Driver) -> None:
     d.create("a", AT)
     blob = ops.encode(Op.CREATE_JOBS, {"now": T0, "jobs": [{"job_id": "b", "schedule": AT, "schedule_spec": {},
