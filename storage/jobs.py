@@ -20,7 +20,8 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     """Insert each job that does not exist yet; per-item results, one txn.
 
     A job with an idempotency key that was seen before returns the job created
-    then (same request body) or a conflict (different body), and changes nothing."""
+    then (same request body) or a conflict (different body), and changes nothing.
+    A job created here is in its result as stored (`job`); one created before is not."""
     now = cmd["now"]
     # Entries of version 3 on claim what is due within claim_ahead_us as they create it.
     ahead = cmd.get("claim_ahead_us") if ctx.version >= ops.CLAIM_AT_CREATE_SINCE else None
@@ -56,7 +57,8 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         if idem is not None:
             ctx.txn.put(keys.idempotency_key(idem), codec.pack([job_id, spec["request_hash"]]),
                         db=ctx.tables.idempotency)
-        results.append({"job_id": job_id, "ok": True})
+        # The record as stored, for the proposer's answer: no read back per job.
+        results.append({"job_id": job_id, "ok": True, "job": job})
     queued: list[str] = []
     reasons: dict[str, int] = {}
     skipped = claims.tally(made, queued, reasons)

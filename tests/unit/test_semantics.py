@@ -330,7 +330,8 @@ def test_trigger_adds_an_occurrence_with_its_own_key(d: Driver) -> None:
 
 def test_idempotency_key_returns_the_first_job_or_conflicts(d: Driver) -> None:
     spec = {"idempotency_key": "k1", "request_hash": "h1"}
-    assert d.create("a", EVERY5, **spec) == {"job_id": "a", "ok": True}
+    created = d.create("a", EVERY5, **spec)
+    assert (created["job_id"], created["ok"], created["job"]) == ("a", True, d.job("a"))  # as stored
     assert d.create("b", EVERY5, **spec) == {"job_id": "a", "ok": True, "existing": True}
     assert d.create("c", EVERY5, idempotency_key="k1", request_hash="other")["code"] == "conflict"
     assert d.job("b") is None and d.job("c") is None
