@@ -81,9 +81,10 @@ def job_stats(ctx: Ctx, job_id: str) -> Record:
     """Counts of one job's runs: waiting (queued/retry_wait), running, and stored.
 
     They are stored beside a job that repeats, whose claims ask for them every time
-    (history pruning, the overlap rule). A one-off's are counted from its few runs
-    when asked: storing them cost a read and a write of the counts in every entry
-    that touched one of its runs (docs/decisions.md)."""
+    (history pruning, the overlap rule), and a one-off once triggered
+    (claims._keeps_stats). Other one-offs' are counted from their few runs when
+    asked: storing them cost a read and a write of the counts in every entry that
+    touched one of their runs (docs/decisions.md)."""
     stats = _stored_stats(ctx, job_id)
     return stats if stats is not None else _count_runs(ctx, job_id)
 
