@@ -31,7 +31,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from schedulerd.jobspec import JOB_DEFAULTS
-from storage import keys, ops, queries
+from storage import keys, ops, queries, records
 from storage.db import DB_NAMES, LAST_APPLIED
 from storage.model import JOB_TRANSITIONS, RUN_TRANSITIONS
 from storage.ops import Op
@@ -123,6 +123,7 @@ class Snapshot:
     runs: dict[str, Rec]
     occurrences: dict[tuple[str, int], str]
     stats: dict[str, Rec]
+    counts_asked: dict[str, Rec]  # what records.job_stats answers the rules, for every job
     due: set[bytes]
     ready: set[bytes]
     leases: set[bytes]
@@ -141,11 +142,14 @@ def scan(d: Driver) -> Snapshot:
         for k, v in items(t.occurrences):
             job_id, _, scheduled = k.partition(b"\x00")  # job ids never hold a NUL
             occurrences[(job_id.decode(), keys.read_u64(scheduled))] = v.decode()
+        ctx = records.Ctx(txn, t, 0, 0, ops.VERSION)
+        jobs = {k.decode(): unpack(v) for k, v in items(t.jobs)}
         return Snapshot(
-            jobs={k.decode(): unpack(v) for k, v in items(t.jobs)},
+            jobs=jobs,
             runs={k.decode(): unpack(v) for k, v in items(t.runs)},
             occurrences=occurrences,
             stats={k.decode(): unpack(v) for k, v in items(t.job_stats)},
+            counts_asked={job_id: dict(records.job_stats(ctx, job_id)) for job_id in jobs},
             job_state_counts=unpack(txn.get(keys.JOB_STATE_COUNTS, db=t.meta) or msgpack.packb({})),
             due={k for k, _ in items(t.due)}, ready={k for k, _ in items(t.ready)},
             leases={k for k, _ in items(t.leases)}, dead_letters={k for k, _ in items(t.dead_letters)})
@@ -215,11 +219,16 @@ def check_store(snap: Snapshot) -> None:
                           for r in runs if r["state"] in PENDING}, "ready index != queued/retry_wait runs"
     assert snap.dead_letters == {keys.dead_letter_key(r["finished_us"], r["run_id"])
                                  for r in runs if r["state"] == "dead_letter"}, "dead-letter index != dead letters"
-    for job_id, stored in snap.stats.items():  # a job without stored counts has them counted when asked
+    for job_id in snap.jobs.keys() | snap.stats.keys():
         mine = [r for r in runs if r["job_id"] == job_id]
         counted = {"pending": sum(r["state"] in PENDING for r in mine),
                    "running": sum(r["state"] == "running" for r in mine), "runs": len(mine)}
-        assert stored == counted, f"job_stats[{job_id}] = {stored}, its runs say {counted}"
+        # A job without stored counts has them counted from its runs when a rule asks.
+        if job_id in snap.stats:
+            assert snap.stats[job_id] == counted, f"job_stats[{job_id}] = {snap.stats[job_id]}, its runs say {counted}"
+        if job_id in snap.jobs:
+            assert snap.counts_asked[job_id] == counted, \
+                f"the rules see {job_id}'s counts as {snap.counts_asked[job_id]}, its runs say {counted}"
 
 
 def check_transitions(before: Snapshot, after: Snapshot, now: int | None) -> None:
