@@ -86,5 +86,5 @@ class LeaseQueue:
         # Apply grants run records only; the payload is read here, once, from this
         # node's replica (it has applied the grant), not in apply on every replica.
         with self.node.read(group) as (txn, tables):
-            jobs = {t["job_id"]: queries.get_job(txn, tables, t["job_id"]) for t in granted}
-        return [views.task(t, jobs[t["job_id"]]) for t in granted]
+            parts = queries.task_parts(txn, tables, [t["job_id"] for t in granted])
+        return [views.task(t, parts[t["job_id"]]) for t in granted]

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from schedulerd.namespaces import outward
 from schedulerd.timefmt import to_iso
+from storage.queries import TaskPart
 
 US = 1_000_000
 # A leased run as a poll answers it: its view, and its payload's stored JSON text.
@@ -75,7 +76,7 @@ def idempotency_key(job_id: str, scheduled_us: int) -> str:
     return f"{job_id}:{to_iso(scheduled_us)}"
 
 
-def task(rec: dict[str, Any], job: dict[str, Any] | None) -> TaskView:
+def task(rec: dict[str, Any], job: TaskPart | None) -> TaskView:
     """A leased run as its worker gets it, with its job's target, and its job's payload
     as the JSON text stored at create ("null" for a job no longer stored): `tasks_json`
     splices it into the response unparsed."""
@@ -88,9 +89,9 @@ def task(rec: dict[str, Any], job: dict[str, Any] | None) -> TaskView:
         "fence": rec["fence"],
         "idempotency_key": idempotency_key(rec["job_id"], rec["scheduled_us"]),
         "lease_until": to_iso(rec["lease_until_us"]),
-        "target": job.get("target") if job is not None else None,
+        "target": job.target if job is not None else None,
         "timeout_s": _seconds(rec.get("timeout_us")),
-    }), job["payload_json"] if job is not None else "null"
+    }), job.payload_json if job is not None else "null"
 
 
 def tasks_json(tasks: list[TaskView]) -> str:

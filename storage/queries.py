@@ -6,9 +6,10 @@ import hashlib
 from typing import Any, Iterable
 
 import lmdb
+import msgspec
 
 from storage import claims, keys
-from storage.codec import unpack
+from storage.codec import partial_decoder, unpack
 from storage.db import DB_NAMES, Tables
 from storage.model import JobState
 from storage.records import Record
@@ -17,6 +18,26 @@ from storage.records import Record
 def get_job(txn: lmdb.Transaction, t: Tables, job_id: str) -> Record | None:
     raw = txn.get(keys.job_key(job_id), db=t.jobs)
     return unpack(raw) if raw else None
+
+
+class TaskPart(msgspec.Struct, frozen=True):
+    """What a leased run's worker gets from its job's record (views.task)."""
+
+    payload_json: str
+    target: Any = None
+
+
+_TASK_PART = partial_decoder(TaskPart)
+
+
+def task_parts(txn: lmdb.Transaction, t: Tables, job_ids: Iterable[str]) -> dict[str, TaskPart | None]:
+    """Each job's payload and target, None for a job no longer stored."""
+    out: dict[str, TaskPart | None] = {}
+    for job_id in job_ids:
+        if job_id not in out:
+            raw = txn.get(keys.job_key(job_id), db=t.jobs)
+            out[job_id] = _TASK_PART.decode(raw) if raw else None
+    return out
 
 
 def get_run(txn: lmdb.Transaction, t: Tables, run_id: str) -> Record | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from storage import fsm, ops, queries
+from storage import codec, fsm, ops, queries
 from storage.leases import FAIR_EVERY
 from storage.model import (JOB_TRANSITIONS, RUN_TRANSITIONS, IllegalTransition, JobEvent, JobState,
                            RunEvent, RunState, job_transition, run_transition)
@@ -187,6 +187,18 @@ def test_lease_sets_fence_attempt_and_lease_index(d: Driver) -> None:
     assert task["lease_until_us"] == T0 + 41 * S
     assert d.ready(T0 + 11 * S) == []
     assert d.lease(T0 + 11 * S, worker="other", run_ids=[task["run_id"]]) == []
+
+
+def test_the_proposing_node_reads_payload_and_target_of_each_granted_job(d: Driver) -> None:
+    target = {"kind": "http", "url": "https://example.test/hook", "method": "POST", "headers": {}}
+    d.create("a", AT, payload_json='{"x":1}', target=target)
+    d.create("b", AT)
+    legacy = {k: v for k, v in d.job("b").items() if k != "target"}  # a record from before targets
+    with d.store.env.begin(write=True) as txn:
+        txn.put(b"b", codec.pack(legacy), db=d.store.tables.jobs)
+    with d.store.read() as txn:
+        parts = queries.task_parts(txn, d.store.tables, ["a", "b", "gone", "a"])
+    assert parts == {"a": queries.TaskPart('{"x":1}', target), "b": queries.TaskPart("{}", None), "gone": None}
 
 
 def _running(d: Driver) -> dict:
