@@ -22,6 +22,7 @@ from typing import Any
 from bench import profile, scenarios, sd_scenarios
 from bench.common import WORKER_SLOTS, BenchError, uptime_line
 from bench.scenarios import Options
+from bench.speed import PROBE
 
 NOT_DISK_FS = {"tmpfs", "ramfs"}
 
@@ -131,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     before = uptime_line()
     print(f"bench {a.scenario}: run dir {run_dir}; nproc {os.cpu_count()}; started {started}", file=sys.stderr)
     print(f"uptime before: {before}", file=sys.stderr)
+    PROBE.start()
     try:
         report = run(a, opts)
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
+        PROBE.stop()
         if not a.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
     after = uptime_line()

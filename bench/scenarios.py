@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bench import profile
+from bench.speed import PROBE
 from bench.aps_peer import ApsSystem
 from bench.celery_peer import CelerySystem
 from bench.common import FIND_MAX_P99_S_MAX, WORKER_SLOTS, BenchError, fmt, ratio, summarize, uptime_line
@@ -99,6 +100,8 @@ def _lateness_rows(report: Report, stats: dict[str, dict[str, Any]]) -> None:
 
 
 def _cpu_rows(report: Report, infos: dict[str, dict[str, Any]]) -> None:
+    report.add("box slowdown over the window (1 = its fastest; bench/speed.py)",
+               {s: i.get("box_slowdown") for s, i in infos.items()}, None)
     for part in ("server", "clients", "other"):
         report.add(f"CPU cores: {part}", {s: i.get("cpu_cores", {}).get(part) for s, i in infos.items()}, None)
     for name, info in infos.items():
@@ -144,6 +147,7 @@ def steady_once(system: Any, rate: float, duration_s: float, lead_s: float, drai
     prof = _start_profile(system, plan.t0 + min(5.0, duration_s / 4), profile_s, prefix)
     records, info = system.oneoff(plan, drain_s)
     stats = summarize(records, plan.count, plan.t0)
+    info["box_slowdown"] = PROBE.slowdown(plan.t0, plan.t0 + duration_s)
     if prof is not None:
         prof.join(profile_s + 90)
         info["profile"] = (profile.summarize(prof.out_path, prof.sched) if prof.error is None
@@ -195,7 +199,7 @@ def find_max(opts: Options, start_rate: float, max_rate: float, duration_s: floa
             passed = s["missing"] == 0 and s["lateness_p99_s"] < FIND_MAX_P99_S_MAX
             tried.append({"rate": rate, "passed": passed, "p50_s": s["lateness_p50_s"],
                           "p99_s": s["lateness_p99_s"], "done_per_s": s["done_per_s"], "missing": s["missing"],
-                          "cpu": info.get("cpu_cores")})
+                          "cpu": info.get("cpu_cores"), "box_slowdown": info["box_slowdown"]})
             return passed
 
         good, bad, rate = 0.0, math.inf, start_rate
@@ -221,6 +225,7 @@ def find_max(opts: Options, start_rate: float, max_rate: float, duration_s: floa
     for name, tried in steps.items():
         report.notes.append(f"{name}: " + "; ".join(
             f"{t['rate']:g}/s {'pass' if t['passed'] else 'FAIL'} p99 {fmt(t['p99_s'], 'ms')}"
+            f" (box {fmt(t['box_slowdown'])}x)"
             f"{' missing ' + str(t['missing']) if t['missing'] else ''}" for t in tried))
     report.raw.update(best=best, steps=steps)
     return report
@@ -238,6 +243,7 @@ def spike(opts: Options, jobs: int, drain_s: float) -> Report:
         prof = _start_profile(system, plan.t0, opts.profile_s, "spike")
         records, info = system.oneoff(plan, drain_s)
         stats[system.name] = summarize(records, plan.count, plan.t0)
+        info["box_slowdown"] = PROBE.slowdown(plan.t0, plan.t0 + stats[system.name]["drain_s"])
         if prof is not None:
             prof.join(opts.profile_s + 90)
             info["profile"] = (profile.summarize(prof.out_path, prof.sched) if prof.error is None
@@ -271,6 +277,7 @@ def recurring(opts: Options, jobs: int, minutes: int, drain_s: float) -> Report:
         records, info = system.cron(jobs, minutes, drain_s, "cr")
         first = info["first_minute"]
         stats[system.name] = summarize(records, jobs * minutes, first)
+        info["box_slowdown"] = PROBE.slowdown(first, first + 60 * minutes)
         infos[system.name] = info
         if info.get("warning"):
             report.notes.append(f"{system.name}: {info['warning']}")

@@ -19,6 +19,7 @@ from bench.plan import OneOff
 from bench.scenarios import SD, Options, Report, _cpu_rows, _lateness_rows, make_system, steady_once
 from bench.feeder import create_jobs, job_body
 from bench.sd import BATCH_MAX, Node, SdSystem
+from bench.speed import PROBE
 
 FAR_FUTURE_S = 365 * 86_400.0
 FILL_CHUNK = 50_000  # jobs per create_jobs call while filling (bounds the parent's memory)
@@ -217,6 +218,7 @@ def failover(opts: Options, rate: float, duration_s: float, kill_after_s: float,
         killer = LeaderKiller(system, plan.t0 + kill_after_s)
         killer.start()
         records, info = system.oneoff(plan, drain_s)
+        info["box_slowdown"] = PROBE.slowdown(plan.t0, plan.t0 + duration_s)
         killer.join(60)
     finally:
         system.teardown()

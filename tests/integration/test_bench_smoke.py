@@ -29,6 +29,7 @@ def test_bench_scenario_runs_every_job_once(tmp_path: pathlib.Path, scenario: st
     assert stats["expected"] > 0 and stats["ran"] == stats["expected"], stats
     assert stats["missing"] == 0 and stats["duplicates"] == 0, stats
     assert "## " + scenario in proc.stdout
+    assert "| box slowdown over the window" in proc.stdout
 
 
 def test_apply_cost_runs_every_phase(tmp_path: pathlib.Path) -> None:
