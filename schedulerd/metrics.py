@@ -79,7 +79,7 @@ class Metrics:
             if result["skipped"]:
                 self.skipped.labels("deadline").inc(result["skipped"])
         elif op == Op.ACK:
-            self.runs.labels("acked").inc(sum(1 for r in result["results"] if r["ok"]))
+            self.runs.labels("acked").inc(sum(1 for r in result["results"] if r["ok"] and not r.get("repeated")))
         elif op == Op.NACK and result.get("ok"):
             self.runs.labels("nacked").inc()
             self._count_failure(result["run"]["state"])

@@ -139,12 +139,20 @@ def heartbeat(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 def ack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    """Items: [run_id, fence, result_json] or [run_id, fence, result_json, worker_id]."""
+    """Items: [run_id, fence, result_json] or [run_id, fence, result_json, worker_id].
+
+    An ack repeated by the lease that already acked the run is answered ok and changes
+    nothing (`repeated`): the worker retries an ack whose answer it never got (a timeout,
+    a node that died after the commit), and that ack did land."""
     now = cmd["now"]
     results = []
     for item in cmd["acks"]:
         run_id, fence, result_json, worker_id = item[0], item[1], item[2], _worker_of(item, 3, cmd)
         run = records.get_run(ctx, run_id)
+        if (run is not None and run["state"] == RunState.SUCCEEDED and run["fence"] == fence
+                and run["worker_id"] == worker_id):
+            results.append({"run_id": run_id, "ok": True, "run": run, "repeated": True})
+            continue
         rejection = _check_lease(run, run_id, worker_id, fence, now)
         if rejection:
             results.append(rejection)

@@ -130,6 +130,10 @@ def test_stale_fence_is_409_and_expired_lease_is_redelivered(make_cluster, monke
     assert acked["results"][0]["ok"] is True and acked["results"][1]["ok"] is False
     run = node.get(f"/v1/runs/{retry['run_id']}")[1]
     assert run["state"] == "succeeded" and run["result"] == 42 and run["attempt"] == 2
+    # A worker that never heard its ack answered sends it again: ok, and the first result stands.
+    status, again = node.post(f"/v1/tasks/{retry['run_id']}/ack", {"worker_id": "w1", "fence": retry["fence"]})
+    assert status == 200 and again["run"]["result"] == 42
+    assert node.get(f"/v1/runs/{retry['run_id']}")[1] == run
 
 
 def test_a_poll_of_lease_batch_max_tasks_with_largest_payloads_stays_bounded(make_cluster) -> None:

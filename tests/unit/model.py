@@ -413,8 +413,12 @@ class Model:
         """Items [run_id, fence, result], or [run_id, fence, result, worker_id] when coalesced."""
         out = []
         for item in cmd["acks"]:
-            run_id, fence = item[0], item[1]
-            code = self._holds(run_id, item[3] if len(item) > 3 else cmd["worker_id"], fence, cmd["now"])
+            run_id, fence, worker = item[0], item[1], item[3] if len(item) > 3 else cmd["worker_id"]
+            run = self.runs.get(run_id)
+            if run is not None and (run["state"], run["fence"], run["worker_id"]) == ("succeeded", fence, worker):
+                out.append((run_id, True, None))  # repeated by the lease that acked it: ok, no change
+                continue
+            code = self._holds(run_id, worker, fence, cmd["now"])
             if code is None:
                 self.runs[run_id].update(state="succeeded", finished_us=cmd["now"], lease_until_us=None)
             out.append((run_id, code is None, code))

@@ -222,7 +222,7 @@ def test_heartbeat_extends_and_rejects_stale_fence(d: Driver) -> None:
     assert d.run(task["run_id"])["lease_until_us"] == T0 + 50 * S
 
 
-def test_ack_succeeds_once_and_late_or_stale_acks_change_nothing(d: Driver) -> None:
+def test_ack_succeeds_once_and_repeated_late_or_stale_acks_change_nothing(d: Driver) -> None:
     task = _running(d)
     bad = d.apply(Op.ACK, now=T0 + 11 * S, worker_id="w", acks=[[task["run_id"], task["fence"] + 1, None]])
     assert bad["results"][0]["code"] == "stale_fence"
@@ -230,8 +230,13 @@ def test_ack_succeeds_once_and_late_or_stale_acks_change_nothing(d: Driver) -> N
     assert good["results"][0]["ok"]
     run = d.run(task["run_id"])
     assert run["state"] == RunState.SUCCEEDED and run["result_json"] == '"done"' and run["finished_us"] == T0 + 12 * S
-    again = d.apply(Op.ACK, now=T0 + 13 * S, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
-    assert again["results"][0]["code"] == "stale_fence"
+    # The same lease repeating its ack (its first answer lost) is told ok; nothing changes.
+    again = d.apply(Op.ACK, now=T0 + 60 * S, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    assert again["results"][0]["ok"] and again["results"][0]["repeated"]
+    other = d.apply(Op.ACK, now=T0 + 13 * S, worker_id="intruder", acks=[[task["run_id"], task["fence"], None]])
+    assert other["results"][0]["code"] == "stale_fence"
+    nack = d.apply(Op.NACK, now=T0 + 13 * S, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="x")
+    assert nack["code"] == "stale_fence"
     assert d.run(task["run_id"]) == run
 
 
