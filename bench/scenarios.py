@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bench import profile
-from bench.speed import PROBE
 from bench.aps_peer import ApsSystem
 from bench.celery_peer import CelerySystem
 from bench.common import FIND_MAX_P99_S_MAX, WORKER_SLOTS, BenchError, fmt, ratio, summarize, uptime_line
 from bench.plan import OneOff
 from bench.sd import SdSystem
+from bench.speed import PROBE
 
 SD = "schedulerd"
 # Creates per second assumed when placing a spike's due time after its creates
