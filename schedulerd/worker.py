@@ -123,6 +123,7 @@ class Worker:
         self._ca_file = ca_file  # https servers: verify against these CAs instead of the system's
         self._namespace = namespace  # the queues' namespace (X-Namespace), default: "default"
         self._handlers: dict[str, Handler] = {}
+        self._async_queues: set[str] = set()  # queues whose handler is a coroutine function
         # Split the slots between the servers so one idle node's long-poll cannot hold
         # them all while another node has work; a loop whose poll returns re-reserves.
         share = max(1, min(LEASE_BATCH_MAX, concurrency // len(self.servers)))
@@ -144,6 +145,8 @@ class Worker:
             if queue in self._handlers:
                 raise ValueError(f"queue {queue!r} already has a handler")
             self._handlers[queue] = fn
+            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__")):
+                self._async_queues.add(queue)  # decided once, not per task (bench.sdk_cost)
             return fn
 
         return register
@@ -314,22 +317,22 @@ class Worker:
         if not runner.cancelled() and runner.exception() is not None:
             log.error("task_crashed", exc_info=runner.exception())
 
-    def _new_lease(self, server: str, task: Task) -> _Lease:
-        left_s = _seconds_until(task.lease_until)
+    def _new_lease(self, server: str, task: Task, left_s: float) -> _Lease:
         interval_s = self.heartbeat_interval_s or max(HEARTBEAT_INTERVAL_S_MIN, left_s / 3)
         now = asyncio.get_running_loop().time()
         return _Lease(task, server, interval_s, now + interval_s, now + left_s)
 
     async def _run_task(self, server: str, task: Task) -> None:
         try:
-            if _seconds_until(task.lease_until) <= 0:
+            left_s = _seconds_until(task.lease_until)
+            if left_s <= 0:
                 # Delivered after its lease ran out (the answer was held up in the
                 # network): the run is someone else's by now, so running it would
                 # only be a needless duplicate.
                 log.warning("task_expired_on_arrival run_id=%s fence=%d", task.run_id, task.fence)
                 self.stats.lease_lost += 1
                 return
-            lease = self._new_lease(server, task)
+            lease = self._new_lease(server, task, left_s)
             older = self._leases.get(task.run_id)
             if older is not None:  # redelivered to us while we still run it: the old fence is dead
                 self._lose(older)
@@ -353,7 +356,7 @@ class Worker:
             return "nack", (f"NoHandler: worker {self.worker_id} has no handler for "
                             f"queue {task.queue!r}")
         try:
-            if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__")):
+            if task.queue in self._async_queues:
                 result = await handler(task)
             else:
                 loop = asyncio.get_running_loop()

@@ -295,14 +295,22 @@ def test_sync_and_async_handlers_are_acked_with_their_results(net):
         seen["reports"] = (task, threading.current_thread().name)
         return [task.payload, task.attempt]
 
+    class Resizer:  # an object whose __call__ is a coroutine function is awaited too
+        async def __call__(self, task: Task) -> str:
+            seen["images"] = (task, threading.current_thread().name)
+            return "resized"
+
+    worker.handler("images")(Resizer())
     email_run = cluster.add("emails", {"to": "a@example.com"})
     report_run = cluster.add("reports", 7)
+    image_run = cluster.add("images", None)
     net.run(worker)
-    wait_until(lambda: worker.stats.acked == 2, what="both acks")
+    wait_until(lambda: worker.stats.acked == 3, what="three acks")
 
     acks = {b["run_id"]: b for b in cluster.bodies("ack")}
     assert acks[email_run]["result"] == {"sent_to": "a@example.com"}
     assert acks[report_run]["result"] == [7, 1]
+    assert acks[image_run]["result"] == "resized" and not seen["images"][1].startswith("schedulerd-task")
     assert acks[email_run]["worker_id"] == "w1"
     task, thread_name = seen["emails"]
     assert thread_name.startswith("schedulerd-task")  # sync handlers run off the event loop
@@ -311,8 +319,8 @@ def test_sync_and_async_handlers_are_acked_with_their_results(net):
     assert task.idempotency_key == f"{task.job_id}:{iso(task.scheduled_time)}"
     assert (task.attempt, task.fence) == (1, acks[email_run]["fence"])
     assert task.lease_until > datetime.now(timezone.utc)
-    assert sorted(cluster.bodies("poll")[0]["queues"]) == ["emails", "reports"]
-    assert worker.stats.polled == 2 and worker.stats.nacked == 0
+    assert sorted(cluster.bodies("poll")[0]["queues"]) == ["emails", "images", "reports"]
+    assert worker.stats.polled == 3 and worker.stats.nacked == 0
 
 
 def test_handler_exception_is_nacked_with_error_text(net, caplog):
