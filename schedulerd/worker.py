@@ -19,7 +19,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Iterator, Sequence
+from typing import Annotated, Any, Awaitable, Callable, Iterator, Sequence
 from urllib.parse import quote
 
 import aiohttp
@@ -52,6 +52,7 @@ _JSON_ENCODER = msgspec.json.Encoder()
 _JSON_BODY = {"Content-Type": "application/json"}
 
 Handler = Callable[["Task"], Any]
+_ZonedTime = Annotated[datetime, msgspec.Meta(tz=True)]  # the servers write UTC with a Z
 # Told of each run this worker settled: the task and "acked" or "nacked".
 Settled = Callable[["Task", str], None]
 
@@ -64,22 +65,24 @@ class Task:
     run_id: str
     job_id: str
     queue: str
-    scheduled_time: datetime
+    scheduled_time: _ZonedTime
     attempt: int
     fence: int
     idempotency_key: str
-    lease_until: datetime
+    lease_until: _ZonedTime
     payload: Any
     target: dict[str, Any] | None = None  # a job's built-in executor target (schedulerd/targets.py)
     timeout_s: float | None = None  # the job's per-attempt timeout, if it has one
 
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Task:
-        return cls(run_id=str(data["run_id"]), job_id=str(data["job_id"]), queue=str(data["queue"]),
-                   scheduled_time=_parse_time(data["scheduled_time"]), attempt=int(data["attempt"]),
-                   fence=int(data["fence"]), idempotency_key=str(data["idempotency_key"]),
-                   lease_until=_parse_time(data["lease_until"]), payload=data.get("payload"),
-                   target=data.get("target"), timeout_s=data.get("timeout_s"))
+
+
+class _PollAnswer(msgspec.Struct):
+    tasks: list[Task]
+
+
+# A poll's answer, read straight into Tasks (times with their zone required): 2.4 µs
+# a task against 8.2 for a dict and then the Task built from it (docs/performance.md).
+_POLL_ANSWER = msgspec.json.Decoder(_PollAnswer)
 
 
 @dataclass
@@ -293,14 +296,10 @@ class Worker:
     async def _poll(self, server: str, max_tasks: int) -> list[Task]:
         body = {"worker_id": self.worker_id, "queues": list(self._handlers),
                 "max_tasks": max_tasks, "wait_s": self.wait_s}
-        data = await self._request(server, "/v1/tasks/poll", body,
-                                   timeout_s=self.wait_s + _REQUEST_TIMEOUT_S)
-        try:
-            tasks = [Task.from_wire(t) for t in data["tasks"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SchedulerError(f"malformed poll response: {exc!r}") from exc
-        self.stats.polled += len(tasks)
-        return tasks
+        answer = await self._request(server, "/v1/tasks/poll", body,
+                                     timeout_s=self.wait_s + _REQUEST_TIMEOUT_S, answer=_POLL_ANSWER)
+        self.stats.polled += len(answer.tasks)
+        return answer.tasks
 
     def _start_tasks(self, server: str, tasks: list[Task], held: int) -> int:
         """Spawn a runner per task, each owning one held slot; returns slots used."""
@@ -496,13 +495,19 @@ class Worker:
         raise error
 
     async def _request(self, server: str, path: str, body: dict[str, Any],
-                       timeout_s: float = _REQUEST_TIMEOUT_S) -> dict[str, Any]:
-        """POST JSON; the reply's dict, or the typed error it carries (5xx -> Unavailable)."""
+                       timeout_s: float = _REQUEST_TIMEOUT_S, answer: msgspec.json.Decoder | None = None) -> Any:
+        """POST JSON; the reply's dict (or, given `answer`, what that decoder reads from it),
+        or the typed error it carries (5xx -> Unavailable)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=_CONNECT_TIMEOUT_S)
         async with self._session.post(server + path, data=_encode(body), headers=_JSON_BODY,
                                       timeout=timeout) as resp:
             raw = await resp.read()
             status = resp.status
+        if answer is not None and status < 400:
+            try:
+                return answer.decode(raw)
+            except msgspec.DecodeError as exc:
+                raise SchedulerError(f"{server}{path}: malformed answer: {exc}") from exc
         try:
             data = msgspec.json.decode(raw) if raw else {}
         except ValueError:

@@ -548,6 +548,24 @@ def test_rejected_poll_is_logged_as_error_and_retried(net, caplog):
     assert errors[0].levelno == logging.ERROR and "LimitExceeded" in errors[0].getMessage()
 
 
+def test_a_task_with_a_time_without_zone_fails_the_poll_and_runs_nothing(net, caplog):
+    caplog.set_level(logging.INFO, logger=LOG)
+    cluster = FakeCluster()
+    node = net.node(cluster)
+    ran: list[Task] = []
+    worker = Worker([node.url], wait_s=1.0)
+    worker.handler("work")(ran.append)
+    run_id = cluster.add("work")
+    cluster.queued[0]["scheduled_time"] = "2026-12-01T02:00:01"  # no Z: whose midnight?
+
+    net.run(worker)
+    wait_until(lambda: worker.stats.poll_errors >= 1, what="the malformed poll answer")
+
+    errors = [r.getMessage() for r in caplog.records if r.getMessage().startswith("poll_failed")]
+    assert "malformed answer" in errors[0] and "scheduled_time" in errors[0], errors
+    assert ran == [] and not cluster.bodies("ack") and run_id in cluster.leased
+
+
 def test_ack_fails_over_when_the_delivering_node_dies(net):
     cluster = FakeCluster()
     nodes = {n.url: n for n in (net.node(cluster), net.node(cluster))}
