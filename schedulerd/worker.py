@@ -75,7 +75,6 @@ class Task:
     timeout_s: float | None = None  # the job's per-attempt timeout, if it has one
 
 
-
 class _PollAnswer(msgspec.Struct):
     tasks: list[Task]
 
