@@ -154,6 +154,7 @@ class WorkerFleet:
         self.starts: dict[str, tuple[str, float, float]] = {}  # run_id -> (job_id, scheduled, start)
         self.acks: dict[str, float] = {}  # run_id -> first ack time
         self.acked_per_plan: dict[str, int] = {}  # job id prefix ("st" of "st-17") -> runs acked
+        self._unplaced: set[str] = set()  # acked runs whose start line has not been read yet
         self.redelivered = 0
 
     def start(self) -> None:
@@ -200,12 +201,16 @@ class WorkerFleet:
                     self.redelivered += 1
                     continue
                 self.starts[run_id] = (job_id, float(sched), float(start))
-            for run_id, t in self._tail(base + ".acks.tsv"):  # after the starts: an ack's start is known
-                if run_id in self.acks:
-                    continue
-                self.acks[run_id] = float(t)
-                plan = self.starts[run_id][0].rpartition("-")[0] if run_id in self.starts else ""
-                self.acked_per_plan[plan] = self.acked_per_plan.get(plan, 0) + 1
+            for run_id, t in self._tail(base + ".acks.tsv"):
+                if run_id not in self.acks:
+                    self.acks[run_id] = float(t)
+                    self._unplaced.add(run_id)
+        # A worker writes a start and its ack in one flush when the handler is quick; this read
+        # can come between the two files, and the ack then waits for the next read of its start.
+        for run_id in [r for r in self._unplaced if r in self.starts]:
+            self._unplaced.discard(run_id)
+            plan = self.starts[run_id][0].rpartition("-")[0]
+            self.acked_per_plan[plan] = self.acked_per_plan.get(plan, 0) + 1
 
     def records(self, prefix: str) -> list[Record]:
         self.refresh()
