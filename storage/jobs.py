@@ -41,7 +41,9 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         if records.job_exists(ctx, job_id):
             results.append({"job_id": job_id, **_fail("conflict", f"job {job_id!r} already exists")})
             continue
-        job = {k: v for k, v in spec.items() if k not in ("request_hash", "audit")}
+        job = dict(spec)
+        job.pop("request_hash", None)
+        job.pop("audit", None)
         job["schedule"] = _anchored(spec["schedule"], now)
         job.update(state=JobState.SCHEDULED.value, shard=keys.shard_of(job_id),
                    next_fire_us=cron.first_fire(job["schedule"], now),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from functools import lru_cache
 
 SHARDS = 256
 PRIORITY_MAX = 9
@@ -58,6 +59,7 @@ def occurrence_prefix(job_id: str) -> bytes:
     return job_id.encode() + _SEP
 
 
+@lru_cache(maxsize=4096)  # a store has few queues, and every ready key and band scan builds one
 def ready_prefix(queue: str, priority: int) -> bytes:
     """Higher priority sorts first: the band byte is PRIORITY_MAX - priority."""
     return queue.encode() + _SEP + bytes([PRIORITY_MAX - priority])
