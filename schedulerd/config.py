@@ -44,10 +44,10 @@ class NodeConfig:
             raise ValueError("lookahead_s must cover at least one scan_interval_s, or due runs "
                              "reach the ready queue up to a scan late")
         largest = max(self.limits.request_bytes_max, self.limits.create_entry_bytes_max,
-                      self.limits.ack_batch_max * self.limits.ack_weight_bytes)
+                      self.limits.ack_entry_weight_max * self.limits.ack_weight_bytes)
         if 2 * largest > self.raft.entry_bytes_max:  # 2x: room for per-item fields and encoding
-            raise ValueError(f"request_bytes_max, create_entry_bytes_max and ack_batch_max * ack_weight_bytes "
-                             f"must stay under half of the Raft entry_bytes_max ({self.raft.entry_bytes_max}); "
+            raise ValueError(f"request_bytes_max, create_entry_bytes_max and "
+                             f"ack_entry_weight_max * ack_weight_bytes must stay under half of the Raft entry_bytes_max ({self.raft.entry_bytes_max}); "
                              f"the largest is {largest}")
         if not 0 < self.http_port < 65536:
             raise ValueError("http_port must be 1..65535")

@@ -20,8 +20,11 @@ class Limits:
     # Jobs in one POST /v1/jobs:batch (one Raft entry; keep it well under 64 KiB chunking).
     create_batch_max: int = 100
     # Encoded size that concurrent creates may share in one Raft entry (a single create
-    # or batch request above it still goes alone).
-    create_entry_bytes_max: int = 256 * 1024
+    # or batch request above it still goes alone). Each node commits one create entry at
+    # a time, so this over the commit latency bounds the node's create rate: at 256 KiB
+    # (~500 jobs) followers topped out near 2,600 jobs/s each (docs/performance.md,
+    # twelfth round).
+    create_entry_bytes_max: int = 1024 * 1024
     # Due occurrences claimed in one Raft entry.
     claim_batch_max: int = 500
     # Due-index keys read per scan tick.
@@ -30,13 +33,18 @@ class Limits:
     # slots fills them in fewer polls and lease entries (spike drain 9.2 s -> 6.3-8.8 s
     # at 500, docs/performance.md); a response stays under 500 x (payload_bytes_max + 1 KiB).
     lease_batch_max: int = 500
-    # Runs leased in one Raft entry across the polls that share it.
-    lease_entry_runs_max: int = 1000
-    # Acks or heartbeats in one batch request, and in one Raft entry.
+    # Runs leased in one Raft entry across the polls that share it, counted by what each
+    # poll asks for: several workers' polls of lease_batch_max must fit one entry.
+    lease_entry_runs_max: int = 2000
+    # Acks or heartbeats in one batch request.
     ack_batch_max: int = 500
+    # Acks (or heartbeats) that concurrent requests share in one Raft entry, by weight.
+    # A request's acks travel together, so with room for one request per entry a node
+    # committed one worker's batch per commit latency.
+    ack_entry_weight_max: int = 2000
     # Coalesced into one entry, an ack weighs one more per started ack_weight_bytes of
-    # its result: an entry's results stay under ack_batch_max * ack_weight_bytes.
-    ack_weight_bytes: int = 4 * 1024
+    # its result: an entry's results stay under ack_entry_weight_max * ack_weight_bytes.
+    ack_weight_bytes: int = 1024
     # Expired leases requeued in one Raft entry.
     expire_batch_max: int = 500
     # Longest long-poll a worker may ask for, seconds.
@@ -72,3 +80,7 @@ class Limits:
             raise ValueError("payload_bytes_max must be below request_bytes_max")
         if self.claim_batch_max > self.scan_batch_max:
             raise ValueError("claim_batch_max cannot exceed scan_batch_max")
+        if self.lease_entry_runs_max < self.lease_batch_max:
+            raise ValueError("lease_entry_runs_max must hold at least one poll of lease_batch_max")
+        if self.ack_entry_weight_max < self.ack_batch_max:
+            raise ValueError("ack_entry_weight_max must hold at least one batch of ack_batch_max")

@@ -154,7 +154,7 @@ class TaskCommits:
             return {"now": now, "lease_until": now + int(node.config.lease_s * US)}
 
         limits = node.config.limits
-        batch = limits.ack_batch_max
+        batch = limits.ack_entry_weight_max
         self.acks = Coalescer(node.propose, Op.ACK, "acks", "results", batch,
                               weight=lambda ack: 1 + len(ack[2] or "") // limits.ack_weight_bytes)
         self.heartbeats = Coalescer(node.propose, Op.HEARTBEAT, "leases", "results", batch, lease_extension)

@@ -79,7 +79,7 @@ def test_extra_fields_are_computed_per_entry() -> None:
 
 
 def test_acks_with_large_results_share_entries_by_weight() -> None:
-    """An entry of coalesced acks stays under ack_batch_max * ack_weight_bytes of results."""
+    """An entry of coalesced acks stays under ack_entry_weight_max * ack_weight_bytes of results."""
     from raft.conf import RaftConfig
     from schedulerd.config import NodeConfig
     from schedulerd.routes_tasks import TaskCommits
@@ -91,10 +91,34 @@ def test_acks_with_large_results_share_entries_by_weight() -> None:
 
     async def main():
         return await asyncio.gather(*(commits.acks.submit(GROUP, [[f"run-{i}", 1, result, "w"]])
-                                      for i in range(400)))
+                                      for i in range(1000)))
 
     run(main())
-    assert sum(len(e) for e in raft.entries) == 400
+    assert sum(len(e) for e in raft.entries) == 1000
     limits = config.limits
-    assert max(sum(len(item[2]) for item in e) for e in raft.entries) <= limits.ack_batch_max * limits.ack_weight_bytes
-    assert max(len(e) for e in raft.entries) == limits.ack_batch_max // 3
+    assert max(sum(len(item[2]) for item in e) for e in raft.entries) <= \
+        limits.ack_entry_weight_max * limits.ack_weight_bytes
+    assert max(len(e) for e in raft.entries) == limits.ack_entry_weight_max // 3
+
+
+def test_several_workers_full_ack_batches_share_one_entry() -> None:
+    """A node with one ack entry in flight commits every worker's batch in it, not one
+    batch per commit: with room for one request per entry, a node's ack rate was its
+    commit rate times ack_batch_max."""
+    from raft.conf import RaftConfig
+    from schedulerd.config import NodeConfig
+    from schedulerd.routes_tasks import TaskCommits
+
+    raft = FakeRaft()
+    config = NodeConfig(raft=RaftConfig(self_addr="127.0.0.1:1", data_dir="/nonexistent"))
+    commits = TaskCommits(SimpleNamespace(config=config, propose=raft.propose, clock=None))
+    batch = config.limits.ack_batch_max
+    workers = config.limits.ack_entry_weight_max // batch
+
+    async def main():
+        return await asyncio.gather(*(commits.acks.submit(GROUP, [[f"run-{w}-{i}", 1, None, f"w{w}"]
+                                                                  for i in range(batch)])
+                                      for w in range(workers)))
+
+    run(main())
+    assert [len(e) for e in raft.entries] == [workers * batch]

@@ -36,3 +36,13 @@ def test_lookahead_may_exceed_the_misfire_grace_but_each_stays_in_range() -> Non
                                   ("lookahead_s", 61.0, "lookahead_s must be within 0..60")):
         with pytest.raises(ValueError, match=message):
             dataclasses.replace(config(), **{field: value}).validate()
+
+
+@pytest.mark.parametrize("limits, message", [
+    ({"lease_entry_runs_max": 499}, "lease_entry_runs_max must hold at least one poll"),
+    ({"ack_entry_weight_max": 499}, "ack_entry_weight_max must hold at least one batch"),
+])
+def test_an_entry_limit_below_its_request_limit_is_refused(limits: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config(**limits).validate()
+
