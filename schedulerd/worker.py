@@ -321,6 +321,10 @@ class Worker:
         return _Lease(task, server, interval_s, now + interval_s, now + left_s)
 
     async def _run_task(self, server: str, task: Task) -> None:
+        """Run one task in the slot its poll reserved. The slot is given back when the
+        handler returns, not when its ack is settled: `concurrency` bounds handlers
+        running at once, and an ack waiting on its commit runs nothing (held, it made
+        the worker's throughput follow the server's commit latency)."""
         try:
             left_s = _seconds_until(task.lease_until)
             if left_s <= 0:
@@ -343,9 +347,9 @@ class Worker:
             finally:
                 if self._leases.get(task.run_id) is lease:
                     del self._leases[task.run_id]
-            await self._finish(lease, verb, value)
         finally:
             self._slots.release()
+        await self._finish(lease, verb, value)
 
     async def _call(self, task: Task) -> tuple[str, Any]:
         """Run the handler; ("ack", result) or ("nack", error text)."""

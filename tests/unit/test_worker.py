@@ -51,6 +51,7 @@ class FakeCluster:
         self.any_queue = False  # deliver tasks of queues the poll did not ask for
         self.result_bytes_max = 16 * 1024
         self.lease_batch_max = 500
+        self.ack_delay_s = 0.0  # how long a batch ack takes to commit
         self.lock = threading.Lock()
         self.queued: list[dict[str, Any]] = []
         self.leased: dict[str, dict[str, Any]] = {}
@@ -199,6 +200,7 @@ class FakeNode:
         """Like the server: one oversized result refuses the whole request; otherwise
         each item is recorded as if it came alone."""
         body = await request.json()
+        await asyncio.sleep(self.cluster.ack_delay_s)
         if any(len(json.dumps(a.get("result"))) > self.cluster.result_bytes_max for a in body["acks"]):
             return self.reply("ack_batch", body, 413, {"error": {"code": "too_large",
                                                                 "message": "result_bytes_max is exceeded"}})
@@ -422,6 +424,34 @@ def test_concurrency_limit_holds_across_servers(net):
     assert all(1 <= b["max_tasks"] <= 3 for b in cluster.bodies("poll"))
     assert {cluster.delivered_by[r] for r in (b["run_id"] for b in cluster.bodies("ack"))} \
         == {n.url for n in nodes}  # both loops did work
+
+
+def test_a_slot_is_free_again_when_its_handler_returns_not_when_its_ack_commits(net):
+    """`concurrency` bounds handlers running at once: with one slot and acks that take
+    0.5 s to commit, the next tasks still run while the first ack is on its way."""
+    cluster = FakeCluster()
+    cluster.ack_delay_s = 0.5
+    node = net.node(cluster)
+    worker = Worker([node.url], concurrency=1, wait_s=1.0)
+    started: list[float] = []
+    running = [0]
+    peak = [0]
+
+    @worker.handler("work")
+    async def work(task: Task) -> None:
+        started.append(time.monotonic())
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        await asyncio.sleep(0.01)
+        running[0] -= 1
+
+    for _ in range(3):
+        cluster.add("work")
+    net.run(worker)
+    wait_until(lambda: worker.stats.acked == 3, what="three acks")
+
+    assert peak[0] == 1
+    assert started[2] - started[0] < cluster.ack_delay_s
 
 
 def test_a_server_with_a_lower_lease_batch_max_gets_smaller_polls(net, caplog):
