@@ -346,3 +346,32 @@ def test_after_the_first_snapshot_a_few_entries_do_not_copy_the_store_again(tmp_
         assert snapshot.stat().st_ino == first.st_ino and group.status()["journal_entries"] >= status["journal_entries"]
     finally:
         group.destroy()
+
+
+def test_followers_apply_an_entry_while_the_leader_still_applies_it(tmp_path: pathlib.Path, loop) -> None:
+    """The leader tells its followers an entry is committed before applying it itself:
+    pysyncobj sends the new commit index after the leader's apply, which put every
+    follower's apply (and each answer a follower serves) behind the leader's."""
+    groups = three_groups(tmp_path)
+    try:
+        wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
+        leader = next(g for g in groups if g.is_leader())
+        followers = [g for g in groups if g is not leader]
+        applying = leader._apply
+        leader_done: list[float] = []
+
+        def slow_apply(index: int, blob: bytes) -> Any:
+            time.sleep(0.25)  # under the election timeout: the leader stays the leader
+            result = applying(index, blob)
+            leader_done.append(time.monotonic())
+            return result
+
+        leader._apply = slow_apply  # type: ignore[method-assign]
+        fut = leader.propose(create_blob("slow"), loop)
+        wait_until(lambda: any(job_count(g) == 1 for g in followers), 5, "a follower to apply the entry")
+        follower_done = time.monotonic()
+        loop.run_until_complete(asyncio.wait_for(fut, 10))
+        assert leader_done and follower_done < leader_done[0]
+    finally:
+        for g in groups:
+            g.destroy()
