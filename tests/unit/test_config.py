@@ -46,3 +46,23 @@ def test_an_entry_limit_below_its_request_limit_is_refused(limits: dict[str, int
     with pytest.raises(ValueError, match=message):
         config(**limits).validate()
 
+
+def test_gc_young_objects_stays_within_its_range() -> None:
+    for value in (699, 1_000_001):
+        with pytest.raises(ValueError, match="gc_young_objects must be within"):
+            dataclasses.replace(config(), gc_young_objects=value).validate()
+
+
+def test_the_daemon_collects_cycles_less_often_and_skips_what_start_up_built() -> None:
+    import gc
+
+    from schedulerd import main
+
+    before = gc.get_threshold()
+    try:
+        main._tune_gc(50_000)
+        assert gc.get_threshold() == (50_000, *before[1:])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
