@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     common.add_argument("--peers", default="", help="comma list: apscheduler,celery (default: schedulerd only)")
     common.add_argument("--workers", type=int, default=4, help="schedulerd worker processes (the SDK)")
     common.add_argument("--worker-concurrency", type=int, default=WORKER_SLOTS, help="task slots per worker process")
-    common.add_argument("--in-flight", type=int, default=16, help="concurrent create requests of the feeder")
+    common.add_argument("--in-flight", type=int, default=64, help="concurrent create requests of the feeder")
     common.add_argument("--data-root", default=tempfile.gettempdir(), help="run dirs go here (a real disk)")
     common.add_argument("--keep", action="store_true", help="keep the run dir (logs, data, worker records)")
     common.add_argument("--json", help="write the raw results here")

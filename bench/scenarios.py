@@ -64,7 +64,7 @@ class Options:
     peers: list[str]
     workers: int = 4
     worker_concurrency: int = WORKER_SLOTS
-    in_flight: int = 16
+    in_flight: int = 64
     profile_s: float = 0.0
 
 
