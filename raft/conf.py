@@ -23,6 +23,11 @@ class RaftConfig:
     election_timeout_s_max: float = 1.0
     # Leader heartbeat period; commands are sent at once (no batching delay).
     append_entries_period_s: float = 0.05
+    # How often a node tries again to reach a peer it has no connection to; below
+    # election_timeout_s_min, so a restarted node hears the leader before it would
+    # campaign. At pysyncobj's 5 s it went unheard for up to that long, calling elections
+    # all the while, each with a higher term that unseated the leader.
+    reconnect_s: float = 0.2
     # A leader that has not heard from a majority for this long steps down
     # (pysyncobj's default of 30 s lets an isolated leader believe for too long).
     leader_fallback_s: float = 1.5
@@ -57,6 +62,9 @@ class RaftConfig:
         if self.append_entries_period_s * 3 > self.election_timeout_s_min:
             raise ValueError("append_entries_period_s must be at most a third of election_timeout_s_min, "
                              "or followers time out between heartbeats")
+        if not 0 < self.reconnect_s < self.election_timeout_s_min:
+            raise ValueError("reconnect_s must be above 0 and below election_timeout_s_min, or a restarted "
+                             "node calls elections before the leader reaches it")
         if self.leader_fallback_s <= self.election_timeout_s_max:
             raise ValueError("leader_fallback_s must exceed election_timeout_s_max so a healthy "
                              "leader is not demoted before its followers would elect another")

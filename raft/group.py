@@ -95,6 +95,31 @@ def _backtrack_to_commit_index(replica: SyncObj) -> None:
     transport.send = send_with_backtrack
 
 
+def _keep_next_index_on_late_acks(replica: SyncObj) -> None:
+    """A follower's ack only ever moves the leader's nextIndex for it forward.
+
+    pysyncobj 0.3.17's leader sends each new entry as it appends it, and set nextIndex
+    to whatever the latest ack reported, even with later appends already on their way:
+    those were sent again, and the follower truncated and re-added entries it had
+    applied ("truncating already-applied log entries"). A rejected append still moves
+    nextIndex back (the consistency check and _backtrack_to_commit_index), which is all
+    Raft needs to repair an append that never arrived."""
+    transport = replica._SyncObj__transport
+    handle = transport._onMessageReceivedCallback
+
+    def on_message(node: Any, message: dict[str, Any]) -> None:
+        if message.get("type") != "next_node_idx" or not message.get("success") or message.get("reset"):
+            handle(node, message)
+            return
+        next_index = replica._SyncObj__raftNextIndex
+        before = next_index.get(node)
+        handle(node, message)
+        if before is not None and next_index.get(node, before) < before:
+            next_index[node] = before
+
+    transport._onMessageReceivedCallback = on_message
+
+
 def _fatal_default(message: str) -> None:
     log.critical("fatal_apply_error %s; stopping the node (it replays the entry on restart)", message)
     logging.shutdown()
@@ -117,6 +142,7 @@ class Group:
         self._on_fatal = on_fatal
         self._after_commit: list[Callable[[], None]] = []
         self._failed: str | None = None
+        self._destroyed = False
         os.makedirs(conf.data_dir, exist_ok=True)
         base = os.path.join(conf.data_dir, f"group-{group_id}")
         self.store = Store(base + ".lmdb", group_id, conf.lmdb_map_bytes)
@@ -134,6 +160,7 @@ class Group:
             appendEntriesPeriod=conf.append_entries_period_s,
             raftMinTimeout=conf.election_timeout_s_min,
             raftMaxTimeout=conf.election_timeout_s_max,
+            connectionRetryTime=conf.reconnect_s,
             leaderFallbackTimeout=conf.leader_fallback_s,
             # pysyncobj's own rule (entries or seconds) is off: _compact_when_due decides.
             logCompactionMinEntries=sys.maxsize,
@@ -154,6 +181,7 @@ class Group:
         self.journal.on_error = lambda error: self._on_fatal(f"group={group_id} journal: {error}")
         journal.make_durable(self.replica, self.journal)
         _backtrack_to_commit_index(self.replica)
+        _keep_next_index_on_late_acks(self.replica)
         snapshot_transfer.pace_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
         snapshot_transfer.answer_pieces(self.replica)
         self._step_down_requested = False
@@ -309,6 +337,10 @@ class Group:
         }
 
     def destroy(self) -> None:
+        """Stop the group and close its store; a second call does nothing."""
+        if self._destroyed:
+            return
+        self._destroyed = True
         # Wait for the tick thread: it may be mid-apply on the store we close next.
         self.replica.destroy_synchronous()
         self._snapshots.abandon()

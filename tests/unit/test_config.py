@@ -66,3 +66,8 @@ def test_the_daemon_collects_cycles_less_often_and_skips_what_start_up_built() -
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_reconnect_must_come_before_an_election_timeout() -> None:
+    with pytest.raises(ValueError, match="reconnect_s must be above 0 and below election_timeout_s_min"):
+        RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", reconnect_s=0.5).validate()

@@ -50,8 +50,8 @@ def loop():
     loop.close()
 
 
-def propose(group: Group, loop: asyncio.AbstractEventLoop, blob: bytes) -> Any:
-    return loop.run_until_complete(asyncio.wait_for(group.propose(blob, loop), 10))
+def propose(group: Group, loop: asyncio.AbstractEventLoop, blob: bytes, timeout_s: float = 10) -> Any:
+    return loop.run_until_complete(asyncio.wait_for(group.propose(blob, loop), timeout_s))
 
 
 def wait_leader(group: Group) -> None:
@@ -165,12 +165,15 @@ def test_after_a_machine_crash_the_store_is_rebuilt_from_snapshot_and_journal(
         group.destroy()
 
 
-@pytest.mark.parametrize("piece_delay_s", [0.0, 0.1])
+@pytest.mark.parametrize("piece_delay_s, chunk, pad", [(0.0, 16 << 10, 4000), (0.1, 1024, 0)])
 def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop, monkeypatch,
-                                                 piece_delay_s: float) -> None:
+                                                 piece_delay_s: float, chunk: int, pad: int) -> None:
     """With piece_delay_s the follower takes each piece slowly (a slow disk): the whole
     transfer outlasts pysyncobj's connectionTimeout, so it completes only if the
-    follower's answers keep the leader from dropping the connection."""
+    follower's answers keep the leader from dropping the connection. Pieces (and socket
+    buffers) of 1 KiB move about one per delayed ACK: the fast case takes bigger ones,
+    and with them the slow case gives its proposals time (its one live follower may fall
+    behind the log's compaction and need a snapshot at that pace itself)."""
     ports = free_ports(3)
     addrs = [f"127.0.0.1:{p}" for p in ports]
 
@@ -178,21 +181,21 @@ def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop, m
         # Small pieces: the snapshot goes over in many messages, as a large one does.
         cfg = RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
                          data_dir=str(tmp_path / f"n{i}"), compaction_entries_min=10,
-                         compaction_journal_ratio=0, snapshot_chunk_bytes=CHUNK, **FAST)
+                         compaction_journal_ratio=0, snapshot_chunk_bytes=chunk, **FAST)
         return Group(0, cfg, on_fatal=pytest.fail)
 
-    CHUNK = 1024
     groups = [start(i) for i in range(3)]
     try:
         wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
         leader = next(g for g in groups if g.is_leader())
+        propose_s = 10 if chunk > 1024 else 60
         for i in range(80):
-            propose(leader, loop, create_blob(f"j{i}"))
+            propose(leader, loop, big_create_blob(f"j{i}", pad), propose_s)
         victim_index = next(i for i, g in enumerate(groups) if g is not leader)
         groups[victim_index].destroy()
         shutil.rmtree(tmp_path / f"n{victim_index}")
         for i in range(80, 120):
-            propose(leader, loop, create_blob(f"j{i}"))
+            propose(leader, loop, big_create_blob(f"j{i}", pad), propose_s)
         wait_until(lambda: os.path.exists(tmp_path / f"n{victim_index}") is False and
                    leader.status()["journal_entries"] < 100, 15, "the leader to compact its log")
         take_piece = Serializer.setTransmissionData
@@ -205,10 +208,10 @@ def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop, m
         started = time.monotonic()
         groups[victim_index] = start(victim_index)
         wiped = groups[victim_index]
-        wait_until(lambda: job_count(wiped) == 120, 30, "the wiped node to catch up")
+        wait_until(lambda: job_count(wiped) == 120, 60, "the wiped node to catch up")
         assert wiped.store.last_applied() == leader.store.last_applied()
         received = tmp_path / f"n{victim_index}" / "group-0.snapshot"
-        assert received.exists() and received.stat().st_size > 10 * CHUNK, "a many-piece transfer"
+        assert received.exists() and received.stat().st_size > 10 * chunk, "a many-piece transfer"
         if piece_delay_s:
             timeout_s = leader.replica._getConf().connectionTimeout
             assert time.monotonic() - started > timeout_s, "the transfer must outlast connectionTimeout"
@@ -372,6 +375,60 @@ def test_followers_apply_an_entry_while_the_leader_still_applies_it(tmp_path: pa
         follower_done = time.monotonic()
         loop.run_until_complete(asyncio.wait_for(fut, 10))
         assert leader_done and follower_done < leader_done[0]
+    finally:
+        for g in groups:
+            g.destroy()
+
+
+def test_a_restarted_follower_is_reached_before_it_would_call_an_election(tmp_path: pathlib.Path, loop) -> None:
+    """The node with the greater address opens a connection. With the leader above the
+    restarted node and a third node below it, the restarted node reaches only the third
+    node until the leader connects: at pysyncobj's 5 s retry it campaigned meanwhile,
+    and the higher terms it spread unseated the leader."""
+    addrs = sorted(f"127.0.0.1:{p}" for p in free_ports(3))
+
+    def start(i: int) -> Group:
+        return Group(0, RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
+                                   data_dir=str(tmp_path / f"n{i}"), **FAST), on_fatal=pytest.fail)
+
+    groups = [start(i) for i in range(3)]
+    try:
+        for _ in range(10):  # the highest address should lead
+            wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
+            if groups[2].is_leader():
+                break
+            next(g for g in groups if g.is_leader()).request_step_down()
+            wait_until(lambda: not any(g.is_leader() for g in groups) or groups[2].is_leader(), 5, "a step down")
+        leader = groups[2]
+        assert leader.is_leader()
+        propose(leader, loop, create_blob("before"))
+        term = leader.status()["term"]
+        groups[1].destroy()
+        groups[1] = start(1)
+        propose(leader, loop, create_blob("after"))
+        wait_until(lambda: groups[1].store.last_applied() == leader.store.last_applied(), 10,
+                   "the restarted node to catch up")
+        time.sleep(3 * FAST["election_timeout_s_max"])  # what an election would have taken by now
+        assert leader.is_leader() and leader.status()["term"] == term
+    finally:
+        for g in groups:
+            g.destroy()
+
+
+def test_pipelined_appends_are_not_sent_twice(tmp_path: pathlib.Path, loop, caplog) -> None:
+    """Many entries in flight at once: the leader sends each as it appends it, and the
+    followers' acks arrive while later ones travel. An ack must not move the leader back
+    to resend those (the followers then truncated and re-added entries they had applied)."""
+    groups = three_groups(tmp_path)
+    try:
+        wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
+        leader = next(g for g in groups if g.is_leader())
+        futures = [leader.propose(create_blob(f"p{i}"), loop) for i in range(1000)]
+        loop.run_until_complete(asyncio.wait_for(asyncio.gather(*futures), 30))
+        for g in groups:
+            wait_until(lambda: job_count(g) == 1000, 20, f"{g.self_addr} to apply every entry")
+        assert not [r.getMessage() for r in caplog.records
+                    if r.name.startswith("pysyncobj") and "truncating" in r.getMessage()]
     finally:
         for g in groups:
             g.destroy()
