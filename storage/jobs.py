@@ -41,6 +41,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         if records.job_exists(ctx, job_id):
             results.append({"job_id": job_id, **_fail("conflict", f"job {job_id!r} already exists")})
             continue
+        records.job_is_new(ctx, job_id)
         job = dict(spec)
         job.pop("request_hash", None)
         job.pop("audit", None)

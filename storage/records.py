@@ -52,6 +52,13 @@ def job_exists(ctx: Ctx, job_id: str) -> bool:
     return ctx.txn.get(keys.job_key(job_id), db=ctx.tables.jobs) is not None
 
 
+def job_is_new(ctx: Ctx, job_id: str) -> None:
+    """A job this entry creates has no stored run counts: job records are never deleted,
+    so none can linger from an earlier job of the same id, and its runs' bookkeeping
+    need not look them up."""
+    ctx.stats[job_id] = None
+
+
 def put_job(ctx: Ctx, job: Record, old_fire_us: int | None, was: str | None) -> None:
     """Store a job, move its due-index entry from old_fire_us to its next_fire_us, and
     keep the count of jobs per state (`was`: its state before, None for a new job)."""
