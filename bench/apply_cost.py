@@ -22,7 +22,9 @@ import time
 from typing import Any, Callable
 
 from bench.common import BenchError, uptime_line
+from schedulerd.config import NodeConfig
 from schedulerd.jobspec import JOB_DEFAULTS
+from schedulerd.main import tune_gc
 from storage import fsm, ops, queries
 from storage.db import Store
 from storage.ops import Op
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions")
     args = p.parse_args(argv)
     path = tempfile.mkdtemp(prefix="apply-cost-", dir=args.data_root)
+    tune_gc(NodeConfig.gc_young_objects)  # the collector as the daemon runs it
     profiler = cProfile.Profile() if args.profile else None
     print(f"bench.apply_cost: {args.jobs:,} one-off jobs, one replica, store in {path}; {uptime_line()}")
     try:

@@ -138,11 +138,11 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
         config.validate()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    _tune_gc(config.gc_young_objects)
+    tune_gc(config.gc_young_objects)
     uvloop.run(serve(config, Clock(offset_file=clock_offset_file), tokens, _tls_context(tls_cert, tls_key)))
 
 
-def _tune_gc(young_objects: int) -> None:
+def tune_gc(young_objects: int) -> None:
     """Collect cycles less often, and never walk what start-up built: the modules, config
     and tables live as long as the process (freezing them keeps every full collection
     from visiting them again). Refcounting still frees everything apply drops at once."""

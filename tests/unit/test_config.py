@@ -60,7 +60,7 @@ def test_the_daemon_collects_cycles_less_often_and_skips_what_start_up_built() -
 
     before = gc.get_threshold()
     try:
-        main._tune_gc(50_000)
+        main.tune_gc(50_000)
         assert gc.get_threshold() == (50_000, *before[1:])
         assert gc.get_freeze_count() > 0
     finally:
