@@ -30,6 +30,21 @@ LOG = "schedulerd.worker"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class Running:
+    """Counts the handlers inside `with running:` at once, and the most ever seen."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    def __enter__(self) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+
+    def __exit__(self, *exc: object) -> None:
+        self.now -= 1
+
+
 def wait_until(pred: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -403,24 +418,21 @@ def test_concurrency_limit_holds_across_servers(net):
     cluster = FakeCluster()
     nodes = [net.node(cluster), net.node(cluster)]
     worker = Worker([n.url for n in nodes], concurrency=3, wait_s=1.0)
-    running = [0]
-    peak = [0]
+    running = Running()
 
     # Async on purpose: sync handlers are also capped by the thread pool's size,
     # which would hide a leak in the worker's own slot accounting.
     @worker.handler("work")
     async def work(task: Task) -> None:
-        running[0] += 1
-        peak[0] = max(peak[0], running[0])
-        await asyncio.sleep(0.05)  # the work itself; gives the limit a chance to be broken
-        running[0] -= 1
+        with running:
+            await asyncio.sleep(0.05)  # the work itself; gives the limit a chance to be broken
 
     for _ in range(15):
         cluster.add("work")
     net.run(worker)
     wait_until(lambda: worker.stats.acked == 15, what="15 acks")
 
-    assert peak[0] == 3
+    assert running.peak == 3
     assert all(1 <= b["max_tasks"] <= 3 for b in cluster.bodies("poll"))
     assert {cluster.delivered_by[r] for r in (b["run_id"] for b in cluster.bodies("ack"))} \
         == {n.url for n in nodes}  # both loops did work
@@ -434,23 +446,20 @@ def test_a_slot_is_free_again_when_its_handler_returns_not_when_its_ack_commits(
     node = net.node(cluster)
     worker = Worker([node.url], concurrency=1, wait_s=1.0)
     started: list[float] = []
-    running = [0]
-    peak = [0]
+    running = Running()
 
     @worker.handler("work")
     async def work(task: Task) -> None:
         started.append(time.monotonic())
-        running[0] += 1
-        peak[0] = max(peak[0], running[0])
-        await asyncio.sleep(0.01)
-        running[0] -= 1
+        with running:
+            await asyncio.sleep(0.01)
 
     for _ in range(3):
         cluster.add("work")
     net.run(worker)
     wait_until(lambda: worker.stats.acked == 3, what="three acks")
 
-    assert peak[0] == 1
+    assert running.peak == 1
     assert started[2] - started[0] < cluster.ack_delay_s
 
 
