@@ -24,7 +24,7 @@ from typing import Any, Callable
 from bench.common import BenchError, uptime_line
 from schedulerd.config import NodeConfig
 from schedulerd.jobspec import JOB_DEFAULTS
-from schedulerd.main import tune_gc
+from schedulerd.gctune import tune_gc
 from storage import fsm, ops, queries
 from storage.db import Store
 from storage.ops import Op

@@ -3,7 +3,7 @@ with a no-op async handler polls a stub server (a separate process) that hands
 out N tasks shaped like the daemon's, as fast as asked, and accepts every ack and
 heartbeat. The figure is the worker process's CPU per task acked.
 
-    python -m bench.sdk_cost [--tasks 100000] [--concurrency 1500] [--log-info] [--profile 25]
+    python -m bench.sdk_cost [--tasks 100000] [--concurrency 1500] [--log-info] [--gc-default] [--profile 25]
 
 In a spike the four bench worker processes use about a third of the box's two
 cores; this isolates that share from the cluster's, so a change to the SDK is
@@ -25,6 +25,7 @@ import urllib.request
 from aiohttp import web
 
 from bench.common import WORKER_SLOTS, BenchError, die_with_parent, free_ports, uptime_line, wait_until
+from schedulerd.gctune import tune_gc
 from schedulerd.timefmt import to_iso
 from schedulerd.worker import Task, Worker
 
@@ -78,7 +79,7 @@ def serve(port: int, tasks: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def measure(url: str, tasks: int, concurrency: int, profile: int, log_info: bool) -> dict[str, float]:
+def measure(url: str, tasks: int, concurrency: int, profile: int, log_info: bool, gc_default: bool) -> dict[str, float]:
     worker = Worker([url], worker_id="sdk-cost", concurrency=concurrency, wait_s=1.0)
     seen = 0
 
@@ -94,6 +95,8 @@ def measure(url: str, tasks: int, concurrency: int, profile: int, log_info: bool
     worker.on_settled(stop_when_all_acked)
     logging.basicConfig(level=logging.INFO if log_info else logging.WARNING, format="%(message)s",
                         stream=open(os.devnull, "w") if log_info else sys.stderr)
+    if not gc_default:
+        tune_gc()  # as bench/sdworker.py and `schedctl worker run` run the SDK
     profiler = cProfile.Profile() if profile else None
     cpu0, wall0 = time.process_time(), time.monotonic()
     if profiler:
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-info", action="store_true",
                    help="enable the SDK's INFO lines (two per task), written to /dev/null")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the worker; print the top N")
+    p.add_argument("--gc-default", action="store_true",
+                   help="leave the cyclic GC at CPython's defaults (schedulerd.gctune not applied)")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.serve:
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"the stub server at {url}", interval_s=0.05)
         print(f"command: python -m bench.sdk_cost {' '.join(argv if argv is not None else sys.argv[1:])}")
         print("uptime before:", uptime_line())
-        r = measure(url, a.tasks, a.concurrency, a.profile, a.log_info)
+        r = measure(url, a.tasks, a.concurrency, a.profile, a.log_info, a.gc_default)
         print("uptime after: ", uptime_line())
     finally:
         stub.terminate()

@@ -21,6 +21,7 @@ import time
 from collections import deque
 
 from bench.common import WORKER_SLOTS
+from schedulerd.gctune import tune_gc
 from schedulerd.worker import Task, Worker
 
 FLUSH_S = 0.25
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     flusher = Flusher(a.out, starts, acks)
     flusher.start()
+    tune_gc()  # as the SDK's docs advise a busy worker process
 
     def lifetime() -> None:
         time.sleep(a.lifetime_s)

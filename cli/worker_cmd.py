@@ -23,6 +23,7 @@ import click
 
 from cli.session import Session
 from schedulerd import timefmt
+from schedulerd.gctune import tune_gc
 from schedulerd.http_executor import HttpExecutor
 from schedulerd.worker import Task, Worker
 
@@ -141,6 +142,7 @@ def _start(session: Session, worker_id: str | None, concurrency: int) -> Worker:
 def _run(runner: Worker) -> None:
     # The SDK logs each task (started, acked, nacked) and lease trouble: show them.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    tune_gc()
     runner.run()
 
 

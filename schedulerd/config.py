@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raft.conf import RaftConfig
+from schedulerd import gctune
 from schedulerd.limits import Limits
 
 
@@ -32,7 +33,7 @@ class NodeConfig:
     # generation runs; CPython's default is 700. Apply makes and drops a few dozen dicts
     # per job, nearly all freed by reference counting, yet at 700 the collector ran ~100
     # times a second per node and took 10-20% of apply (docs/performance.md, twelfth round).
-    gc_young_objects: int = 50_000
+    gc_young_objects: int = gctune.YOUNG_OBJECTS
 
     def validate(self) -> None:
         self.raft.validate()
@@ -54,7 +55,8 @@ class NodeConfig:
             raise ValueError(f"request_bytes_max, create_entry_bytes_max and "
                              f"ack_entry_weight_max * ack_weight_bytes must stay under half of the Raft entry_bytes_max ({self.raft.entry_bytes_max}); "
                              f"the largest is {largest}")
-        if not 700 <= self.gc_young_objects <= 1_000_000:
-            raise ValueError("gc_young_objects must be within 700..1000000 (700 is CPython's default)")
+        low, high = gctune.YOUNG_OBJECTS_RANGE
+        if not low <= self.gc_young_objects <= high:
+            raise ValueError(f"gc_young_objects must be within {low}..{high} ({low} is CPython's default)")
         if not 0 < self.http_port < 65536:
             raise ValueError("http_port must be 1..65535")

@@ -3,7 +3,6 @@ or `schedulerd dev-cluster` to start three local nodes for trying it out."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import ipaddress
 import logging
 import os
@@ -23,6 +22,7 @@ from raft.conf import RaftConfig
 from schedulerd.api import make_app
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
+from schedulerd.gctune import tune_gc
 from schedulerd.leader import LeaderLoops
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.node import Node
@@ -140,15 +140,6 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
         raise click.UsageError(str(exc)) from None
     tune_gc(config.gc_young_objects)
     uvloop.run(serve(config, Clock(offset_file=clock_offset_file), tokens, _tls_context(tls_cert, tls_key)))
-
-
-def tune_gc(young_objects: int) -> None:
-    """Collect cycles less often, and never walk what start-up built: the modules, config
-    and tables live as long as the process (freezing them keeps every full collection
-    from visiting them again). Refcounting still frees everything apply drops at once."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(young_objects, *gc.get_threshold()[1:])
 
 
 def _check_exposure(http_host: str, raft_host: str, has_tokens: bool, has_secret: bool, insecure: bool) -> None:

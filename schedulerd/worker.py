@@ -304,8 +304,9 @@ class Worker:
         """Spawn a runner per task, each owning one held slot; returns slots used."""
         if len(tasks) > held:  # breaks the contract; the extras return when their lease expires
             log.error("poll_overflow server=%s tasks=%d max_tasks=%d", server, len(tasks), held)
+        loop = asyncio.get_running_loop()
         for task in tasks[:held]:
-            runner = asyncio.create_task(self._run_task(server, task))
+            runner = loop.create_task(self._run_task(server, task))
             self._running.add(runner)
             runner.add_done_callback(self._runner_done)
         return min(len(tasks), held)
@@ -417,17 +418,17 @@ class Worker:
     async def _settle(self, lease: _Lease, verb: str, send: Callable[[], Awaitable[Any]]) -> bool:
         """Send to the delivering node, failing over to the others, until the lease
         would have expired (after that the run is redelivered and our fence is stale)."""
-        loop = asyncio.get_running_loop()
-        backoff = _backoff_s()
+        backoff: Iterator[float] | None = None  # made on the first failure: most sends land at once
         while True:
             try:
                 await send()
                 return True
             except _TRANSIENT as exc:
-                if loop.time() >= lease.deadline:
+                if asyncio.get_running_loop().time() >= lease.deadline:
                     log.error("task_settle_abandoned run_id=%s verb=%s error=%s",
                               lease.task.run_id, verb, _describe(exc))
                     return False
+            backoff = backoff or _backoff_s()
             await asyncio.sleep(next(backoff))
 
     def _lose(self, lease: _Lease) -> None:

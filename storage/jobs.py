@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage import claims, codec, cron, keys, ops, records
-from storage.model import JobEvent, JobState, Reason, RunEvent, RunState, job_transition, run_transition
+from storage.model import JOB_SCHEDULED, JobEvent, JobState, Reason, RunEvent, RunState, job_transition, run_transition
 from storage.records import Ctx, Record
 
 UPDATABLE = frozenset({"schedule", "schedule_spec", "queue", "payload_json", "max_attempts", "priority",
@@ -46,7 +46,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         job.pop("request_hash", None)
         job.pop("audit", None)
         job["schedule"] = _anchored(spec["schedule"], now)
-        job.update(state=JobState.SCHEDULED.value, shard=keys.shard_of(job_id),
+        job.update(state=JOB_SCHEDULED, shard=keys.shard_of(job_id),
                    next_fire_us=cron.first_fire(job["schedule"], now),
                    created_us=now, updated_us=now, raft_index=ctx.index)
         if job["next_fire_us"] is None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from storage import queries, records, retry
-from storage.model import LEASABLE_RUN_STATES, JobState, Reason, RunEvent, RunState, run_transition
+from storage.model import (LEASABLE_RUN_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason, RunEvent, RunState,
+                           run_transition)
 from storage.records import Ctx, Record
 
 
@@ -106,7 +107,7 @@ def _check_lease(run: Record | None, run_id: str, worker_id: str, fence: int, no
     """None when the caller holds the live lease, else the rejection result."""
     if run is None:
         return {"run_id": run_id, "ok": False, "code": "not_found", "message": f"no run {run_id!r}"}
-    if run["state"] != RunState.RUNNING or run["fence"] != fence or run["worker_id"] != worker_id:
+    if run["state"] != RUN_RUNNING or run["fence"] != fence or run["worker_id"] != worker_id:
         return {"run_id": run_id, "ok": False, "code": "stale_fence",
                 "message": f"run {run_id!r} is {run['state']} with fence {run['fence']}; "
                            f"worker {worker_id!r} with fence {fence} does not hold its lease"}
@@ -149,7 +150,7 @@ def ack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     for item in cmd["acks"]:
         run_id, fence, result_json, worker_id = item[0], item[1], item[2], _worker_of(item, 3, cmd)
         run = records.get_run(ctx, run_id)
-        if (run is not None and run["state"] == RunState.SUCCEEDED and run["fence"] == fence
+        if (run is not None and run["state"] == RUN_SUCCEEDED and run["fence"] == fence
                 and run["worker_id"] == worker_id):
             results.append({"run_id": run_id, "ok": True, "run": run, "repeated": True})
             continue

@@ -13,7 +13,7 @@ import lmdb
 from storage import keys
 from storage.codec import pack, unpack
 from storage.db import Tables
-from storage.model import PENDING_RUN_STATES, TERMINAL_RUN_STATES, RunState
+from storage.model import PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING, TERMINAL_RUN_STATES
 
 Record = dict[str, Any]
 
@@ -35,10 +35,14 @@ class Ctx:
     stats: dict[str, Record | None] = field(default_factory=dict)
     stats_changed: set[str] = field(default_factory=set)
     state_counts: dict[str, int] = field(default_factory=dict)
+    run_id_prefix: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.run_id_prefix = f"{self.group}-{self.index}-"
 
     def new_run_id(self) -> str:
         """`{group}-{raft index}-{n}`: unique, and the same on every replica."""
-        run_id = f"{self.group}-{self.index}-{self.runs_made}"
+        run_id = f"{self.run_id_prefix}{self.runs_made}"
         self.runs_made += 1
         return run_id
 
@@ -117,7 +121,7 @@ def _count(stats: Record, run: Record, sign: int) -> None:
     stats["runs"] += sign
     if run["state"] in PENDING_RUN_STATES:
         stats["pending"] += sign
-    elif run["state"] == RunState.RUNNING:
+    elif run["state"] == RUN_RUNNING:
         stats["running"] += sign
 
 
@@ -202,9 +206,9 @@ def _index_run(ctx: Ctx, run: Record) -> None:
     if state in PENDING_RUN_STATES:
         key = keys.ready_key(run["queue"], run["priority"], run["available_us"], run["run_id"])
         ctx.txn.put(key, b"", db=ctx.tables.ready)
-    elif state == RunState.RUNNING:
+    elif state == RUN_RUNNING:
         ctx.txn.put(keys.lease_key(run["lease_until_us"], run["run_id"]), b"", db=ctx.tables.leases)
-    elif state == RunState.DEAD_LETTER:
+    elif state == RUN_DEAD_LETTER:
         ctx.txn.put(keys.dead_letter_key(run["finished_us"], run["run_id"]), b"", db=ctx.tables.dead_letters)
 
 
@@ -213,9 +217,9 @@ def _unindex_run(ctx: Ctx, run: Record) -> None:
     if state in PENDING_RUN_STATES:
         key = keys.ready_key(run["queue"], run["priority"], run["available_us"], run["run_id"])
         ctx.txn.delete(key, db=ctx.tables.ready)
-    elif state == RunState.RUNNING:
+    elif state == RUN_RUNNING:
         ctx.txn.delete(keys.lease_key(run["lease_until_us"], run["run_id"]), db=ctx.tables.leases)
-    elif state == RunState.DEAD_LETTER:
+    elif state == RUN_DEAD_LETTER:
         ctx.txn.delete(keys.dead_letter_key(run["finished_us"], run["run_id"]), db=ctx.tables.dead_letters)
 
 

@@ -53,19 +53,30 @@ def test_gc_young_objects_stays_within_its_range() -> None:
             dataclasses.replace(config(), gc_young_objects=value).validate()
 
 
-def test_the_daemon_collects_cycles_less_often_and_skips_what_start_up_built() -> None:
+def test_a_tuned_process_collects_cycles_less_often_and_skips_what_start_up_built() -> None:
     import gc
 
-    from schedulerd import main
+    from schedulerd import gctune
 
     before = gc.get_threshold()
     try:
-        main.tune_gc(50_000)
+        gctune.tune_gc(50_000)
         assert gc.get_threshold() == (50_000, *before[1:])
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_tune_gc_refuses_a_young_generation_outside_its_range_and_changes_nothing() -> None:
+    import gc
+
+    from schedulerd import gctune
+
+    before = gc.get_threshold()
+    with pytest.raises(ValueError, match="700..1000000"):
+        gctune.tune_gc(10)
+    assert gc.get_threshold() == before
 
 
 def test_reconnect_must_come_before_an_election_timeout() -> None:

@@ -67,6 +67,17 @@ def _create_claiming(d: Driver, job_id: str, schedule: dict[str, Any], ahead_s: 
                    version=version)
 
 
+def test_a_new_run_is_stored_with_its_fields_in_the_order_earlier_builds_wrote(d: Driver) -> None:
+    """Replicas of different builds must store the same bytes (queries.state_digest), and
+    msgpack keeps a map's key order."""
+    d.create("a", AT)
+    stored = d.run(d.claim_due(T0 + 10 * S)[0])  # decoded from the stored bytes, in their order
+    assert list(stored) == ["run_id", "job_id", "scheduled_us", "state", "attempt", "queue", "priority",
+                            "max_attempts", "backoff", "timeout_us", "available_us", "worker_id", "fence",
+                            "lease_until_us", "attempt_deadline_us", "created_us", "finished_us", "result_json",
+                            "error", "reason", "trigger", "starting_deadline_us"]
+
+
 def test_create_claims_a_first_occurrence_due_within_the_lookahead(d: Driver) -> None:
     result = _create_claiming(d, "a", AT)  # due in 10 s
     (run_id,) = result["runs"]
