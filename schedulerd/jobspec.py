@@ -102,6 +102,12 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
     return spec
 
 
+# The range of each integer option, and (stored field, range, may be null) of each given in seconds.
+_INT_OPTIONS = {"max_attempts": (1, 100), "priority": (0, 9), "catchup_limit": (1, 1000), "history_limit": (1, 10_000)}
+_SECONDS_OPTIONS = {"starting_deadline_s": ("starting_deadline_us", 1, 604_800, True),
+                    "timeout_s": ("timeout_us", 1, 86_400, True), "jitter_s": ("jitter_us", 0, 86_400, False)}
+
+
 def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
                   backoff_base: dict[str, Any] | None = None) -> dict[str, Any]:
     """The storage form of each option present in raw (create fills the rest from JOB_DEFAULTS).
@@ -118,8 +124,7 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
         out["queue"] = raw["queue"]
     if "payload" in raw:
         out["payload_json"] = _payload_json(raw["payload"], limits)
-    ints = {"max_attempts": (1, 100), "priority": (0, 9), "catchup_limit": (1, 1000), "history_limit": (1, 10_000)}
-    for name, (low, high) in ints.items():
+    for name, (low, high) in _INT_OPTIONS.items():
         if name in raw:
             out[name] = _int_in(raw[name], name, low, high)
     for name, allowed in (("misfire_policy", MisfirePolicy), ("overlap_policy", OverlapPolicy)):
@@ -127,9 +132,7 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
             if raw[name] not in {p.value for p in allowed}:
                 raise InvalidJob(f"{name} must be one of {', '.join(p.value for p in allowed)}")
             out[name] = raw[name]
-    seconds = {"starting_deadline_s": ("starting_deadline_us", 1, 604_800, True),
-               "timeout_s": ("timeout_us", 1, 86_400, True), "jitter_s": ("jitter_us", 0, 86_400, False)}
-    for name, (field, low, high, nullable) in seconds.items():
+    for name, (field, low, high, nullable) in _SECONDS_OPTIONS.items():
         if name in raw:
             if raw[name] is None and nullable:
                 out[field] = None
@@ -179,6 +182,7 @@ def _number_in(value: Any, name: str, low: float, high: float) -> float:
 
 
 def _only(raw: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(raw.keys() - allowed)
+    unknown = raw.keys() - allowed
     if unknown:
-        raise InvalidJob(f"unknown field(s) in {where}: {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        raise InvalidJob(f"unknown field(s) in {where}: {', '.join(sorted(unknown))}; "
+                         f"allowed: {', '.join(sorted(allowed))}")
