@@ -24,7 +24,7 @@ import zlib
 from typing import Any
 
 from storage import catchup, cron, ops, records
-from storage.model import (JOB_SCHEDULED, RUN_QUEUED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason,
+from storage.model import (JOB_COMPLETED, JOB_SCHEDULED, RUN_QUEUED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason,
                            RunState, job_transition)
 from storage.records import Ctx, Record
 
@@ -222,7 +222,7 @@ def one_off_ahead(job: Record, now: int) -> bool:
     It has not fired: it reads as scheduled (queries.as_seen), a pause or an update
     withdraws its claim, and a resume of it is the no-op a resume of a scheduled job is."""
     schedule = job["schedule"]
-    return job["state"] == JobState.COMPLETED and schedule["kind"] == "at" and schedule["at_us"] > now
+    return job["state"] == JOB_COMPLETED and schedule["kind"] == "at" and schedule["at_us"] > now
 
 
 def withdraw_ahead(ctx: Ctx, job: Record, now: int) -> None:

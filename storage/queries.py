@@ -11,7 +11,7 @@ import msgspec
 from storage import claims, keys
 from storage.codec import partial_decoder, unpack
 from storage.db import DB_NAMES, Tables
-from storage.model import JobState
+from storage.model import JOB_SCHEDULED, JobState
 from storage.records import Record
 
 
@@ -51,7 +51,7 @@ def as_seen(job: Record, now_us: int) -> Record:
     until its time it reads as scheduled, with that time next, just as a pause or an
     update treats it (claims.withdraw_ahead)."""
     if claims.one_off_ahead(job, now_us):
-        return dict(job, state=JobState.SCHEDULED.value, next_fire_us=job["schedule"]["at_us"])
+        return dict(job, state=JOB_SCHEDULED, next_fire_us=job["schedule"]["at_us"])
     return job
 
 
