@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--find-max", action="store_true", help="search the highest rate with p99 < 1 s")
     s.add_argument("--max-rate", type=float, default=20000.0)
     s.add_argument("--bisect-steps", type=int, default=3)
+    s.add_argument("--fresh-per-step", action="store_true",
+                   help="--find-max: run each step on a new system (default: all steps on one)")
 
     s = sub.add_parser("spike", parents=[common], help="N jobs due at the same instant")
     s.add_argument("--jobs", type=int, default=5000)
@@ -97,7 +99,8 @@ def run(a: argparse.Namespace, opts: Options) -> scenarios.Report:
     if a.scenario == "create":
         return scenarios.create(opts, a.count, a.batch_count, a.concurrency, a.peer_threads)
     if a.scenario == "steady" and a.find_max:
-        return scenarios.find_max(opts, a.rate, a.max_rate, a.duration, a.lead_s, a.drain_s, a.bisect_steps)
+        return scenarios.find_max(opts, a.rate, a.max_rate, a.duration, a.lead_s, a.drain_s, a.bisect_steps,
+                                  a.fresh_per_step)
     if a.scenario == "steady":
         return scenarios.steady(opts, a.rate, a.duration, a.lead_s, a.drain_s)
     if a.scenario == "spike":

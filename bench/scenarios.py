@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from bench import profile
@@ -184,43 +184,43 @@ def steady(opts: Options, rate: float, duration_s: float, lead_s: float, drain_s
 
 
 def find_max(opts: Options, start_rate: float, max_rate: float, duration_s: float, lead_s: float,
-             drain_s: float, bisect_steps: int) -> Report:
-    """Highest rate with p99 lateness < 1 s and nothing missing: double, then bisect."""
+             drain_s: float, bisect_steps: int, fresh_per_step: bool = False) -> Report:
+    """Highest rate with p99 lateness < 1 s and nothing missing: double, then bisect.
+
+    Every step runs on one system (one cluster, its store holding the jobs of the steps
+    before), or with fresh_per_step each on a new one in its own run dir."""
     report = Report(f"steady --find-max: highest rate with p99 lateness < {FIND_MAX_P99_S_MAX:g} s "
-                    f"({duration_s:g} s per step)", [SD, *opts.peers])
+                    f"({duration_s:g} s per step{', a fresh system each' if fresh_per_step else ''})",
+                    [SD, *opts.peers])
     best: dict[str, float] = {}
     steps: dict[str, list[dict[str, Any]]] = {}
+    for name in [SD, *opts.peers]:
+        tried: list[dict[str, Any]] = steps.setdefault(name, [])
+        current: list[Any] = []  # the system the next step runs on
 
-    def body(system: Any) -> None:
-        tried: list[dict[str, Any]] = []
-
-        def ok(rate: float) -> bool:
-            s, info = steady_once(system, rate, duration_s, lead_s, drain_s, f"fm{len(tried)}")
+        def ok(rate: float, name: str = name, tried: list[dict[str, Any]] = tried,
+               current: list[Any] = current) -> bool:
+            if fresh_per_step or not current:
+                for old in current:
+                    old.teardown()
+                step_opts = replace(opts, run_dir=os.path.join(opts.run_dir, f"step{len(tried)}")) \
+                    if fresh_per_step else opts
+                current[:] = [make_system(name, step_opts)]
+                report.raw.setdefault("uptime", []).append(f"{name} step {len(tried)} before: {uptime_line()}")
+                current[0].setup()
+            s, info = steady_once(current[0], rate, duration_s, lead_s, drain_s, f"fm{len(tried)}")
             passed = s["missing"] == 0 and s["lateness_p99_s"] < FIND_MAX_P99_S_MAX
             tried.append({"rate": rate, "passed": passed, "p50_s": s["lateness_p50_s"],
                           "p99_s": s["lateness_p99_s"], "done_per_s": s["done_per_s"], "missing": s["missing"],
                           "cpu": info.get("cpu_cores"), "box_slowdown": info["box_slowdown"]})
             return passed
 
-        good, bad, rate = 0.0, math.inf, start_rate
-        while rate <= max_rate and ok(rate):
-            good, rate = rate, rate * 2
-        bad = min(rate, bad) if rate <= max_rate else bad
-        while not good and rate >= start_rate / FIND_MAX_HALVINGS_MAX:  # the first rate failed: halve
-            rate /= 2
-            if ok(rate):
-                good = rate
-            else:
-                bad = rate
-        for _ in range(bisect_steps if good and bad != math.inf else 0):
-            mid = round((good + bad) / 2, -1) or (good + bad) / 2
-            if ok(mid):
-                good = mid
-            else:
-                bad = mid
-        best[system.name], steps[system.name] = good, tried
-
-    each_system(opts, report, body)
+        try:
+            best[name] = search_max(ok, start_rate, max_rate, bisect_steps)
+        finally:
+            for old in current:
+                old.teardown()
+            report.raw.setdefault("uptime", []).append(f"{name} after: {uptime_line()}")
     report.add("highest rate with p99 < 1 s (jobs/s)", best, True)
     for name, tried in steps.items():
         report.notes.append(f"{name}: " + "; ".join(
@@ -229,6 +229,28 @@ def find_max(opts: Options, start_rate: float, max_rate: float, duration_s: floa
             f"{' missing ' + str(t['missing']) if t['missing'] else ''}" for t in tried))
     report.raw.update(best=best, steps=steps)
     return report
+
+
+def search_max(ok: Callable[[float], bool], start_rate: float, max_rate: float, bisect_steps: int) -> float:
+    """The highest rate ok() passes: double from start_rate while it passes (halve while the
+    first fails), then bisect between the last pass and the first failure; 0 if none passes."""
+    good, bad, rate = 0.0, math.inf, start_rate
+    while rate <= max_rate and ok(rate):
+        good, rate = rate, rate * 2
+    bad = min(rate, bad) if rate <= max_rate else bad
+    while not good and rate >= start_rate / FIND_MAX_HALVINGS_MAX:  # the first rate failed: halve
+        rate /= 2
+        if ok(rate):
+            good = rate
+        else:
+            bad = rate
+    for _ in range(bisect_steps if good and bad != math.inf else 0):
+        mid = round((good + bad) / 2, -1) or (good + bad) / 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
 
 
 # ---- 3. spike -------------------------------------------------------------------------
