@@ -24,8 +24,8 @@ import zlib
 from typing import Any
 
 from storage import catchup, cron, ops, records
-from storage.model import (JOB_COMPLETED, JOB_SCHEDULED, RUN_QUEUED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason,
-                           RunState, job_transition)
+from storage.model import (JOB_COMPLETED, JOB_SCHEDULED, RUN_QUEUED, JobEvent, JobState, MisfirePolicy,
+                           OverlapPolicy, Reason, RunState, job_transition)
 from storage.records import Ctx, Record
 
 DEFAULT_GRACE_US = 5_000_000
