@@ -85,6 +85,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--duration", type=float, default=20.0)
     s.add_argument("--lead-s", type=float, default=5.0)
     s.add_argument("--drain-s", type=float, default=30.0)
+    s.add_argument("--side-by-side", type=int, default=0, metavar="PAIRS",
+                   help="two clusters up at once (baseline and live), PAIRS pairs of steady runs alternated "
+                        "between them (default: one cluster, filled between its two runs)")
 
     s = sub.add_parser("failover", parents=[common], help="kill -9 the leader during a steady run (schedulerd)")
     s.add_argument("--rate", type=float, default=200.0)
@@ -107,6 +110,9 @@ def run(a: argparse.Namespace, opts: Options) -> scenarios.Report:
         return scenarios.spike(opts, a.jobs, a.drain_s)
     if a.scenario == "recurring":
         return scenarios.recurring(opts, a.jobs, a.minutes, a.drain_s)
+    if a.scenario == "scale" and a.side_by_side:
+        return sd_scenarios.scale_side_by_side(opts, a.live, a.baseline_live, a.rate, a.duration, a.lead_s,
+                                               a.drain_s, a.side_by_side)
     if a.scenario == "scale":
         return sd_scenarios.scale(opts, a.live, a.baseline_live, a.rate, a.duration, a.lead_s, a.drain_s)
     return sd_scenarios.failover(opts, a.rate, a.duration, a.kill_after_s, a.lead_s, a.drain_s)

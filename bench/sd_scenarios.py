@@ -12,6 +12,7 @@ import os
 import re
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from bench.common import BenchError, fmt, iso_us, summarize, uptime_line, wait_until
@@ -115,6 +116,8 @@ def _snapshot_events(system: SdSystem) -> list[str]:
 
 def scale(opts: Options, live: int, baseline_live: int, rate: float, duration_s: float, lead_s: float,
           drain_s: float) -> Report:
+    """One cluster: fill to baseline_live, measure a steady run, fill on to live, measure
+    again. The two runs are minutes apart (the fill sits between them)."""
     if live <= baseline_live:
         raise BenchError("--live must exceed --baseline-live")
     report = Report(f"scale: steady {rate:g} jobs/s with {baseline_live:,} vs {live:,} live far-future jobs",
@@ -151,26 +154,113 @@ def scale(opts: Options, live: int, baseline_live: int, rate: float, duration_s:
     report.add("snapshots written during the steady run",
                {small: _snapshots_between(report.raw["snapshots"], windows[0], windows[1]),
                 big: _snapshots_between(report.raw["snapshots"], windows[2], windows[3])}, None)
-    report.add("after the fill: seconds to sync dirty pages", {small: sync_small, big: sync_big}, None)
-    report.add("fill: create jobs/s (batch of 100)", {small: fill_small["jobs_per_s"], big: fill_big["jobs_per_s"]},
-               None)
-    for k, (a, b) in enumerate(zip(mem_small, mem_big)):
+    _scale_tail(report, stats, {small: sync_small, big: sync_big}, {small: fill_small, big: fill_big},
+                {small: mem_small, big: mem_big}, restart, wiped)
+    report.raw.update(infos={small: i_small, big: i_big})
+    return report
+
+
+def alternation(pairs: int) -> list[int]:
+    """Which of two systems (0 small, 1 big) runs each measured window: 0 1 1 0 0 1 ..., so a
+    drift of the box's speed over the run slows both alike to first order."""
+    return [k % 2 ^ (k // 2) % 2 for k in range(2 * pairs)]
+
+
+def mean_stats(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A system's figures over its windows: lateness percentiles and rates as the mean of the
+    windows', counts summed, max the largest."""
+    out: dict[str, Any] = {}
+    for key in windows[0]:
+        values = [w[key] for w in windows]
+        if key in ("expected", "ran", "missing", "duplicates", "early"):
+            out[key] = sum(values)
+        elif key == "lateness_max_s":
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def scale_side_by_side(opts: Options, live: int, baseline_live: int, rate: float, duration_s: float,
+                       lead_s: float, drain_s: float, pairs: int) -> Report:
+    """Two clusters up at once, one holding baseline_live jobs and one live, their steady runs
+    alternated (alternation()): the comparison scale() makes, without the minutes between
+    its two runs in which this shared box may change speed by 2x."""
+    if live <= baseline_live:
+        raise BenchError("--live must exceed --baseline-live")
+    if pairs < 1:
+        raise BenchError("--side-by-side needs at least 1 pair of runs")
+    report = Report(f"scale, side by side: steady {rate:g} jobs/s with {baseline_live:,} vs {live:,} live "
+                    f"far-future jobs, {pairs} pair(s) of runs alternated", [f"{baseline_live:,} live",
+                                                                              f"{live:,} live"])
+    names = report.systems
+    systems = [make_system(SD, replace(opts, run_dir=os.path.join(opts.run_dir, tag))) for tag in ("small", "big")]
+    report.raw["uptime"] = [f"before: {uptime_line()}"]
+    fills, syncs, mems, windows = {}, {}, {}, []
+    try:
+        for name, system, count in zip(names, systems, (baseline_live, live)):
+            system.setup()
+            fills[name] = _fill(system, "lv", 0, count, opts.in_flight)
+        report.raw["uptime"].append(f"after fills: {uptime_line()}")
+        for name, system in zip(names, systems):
+            syncs[name] = _settled(system)
+            mems[name] = system.cluster.rss_and_disk()
+        report.raw["uptime"].append(f"compactions done: {uptime_line()}")
+        for k, which in enumerate(alternation(pairs)):
+            t0 = time.time()
+            stats, info = steady_once(systems[which], rate, duration_s, lead_s, drain_s, f"w{k}",
+                                      opts.profile_s if which == 1 and k < 2 else 0.0)
+            windows.append({"system": names[which], "t0": t0, "t1": time.time(), "stats": stats, "info": info})
+        restart = _restart(systems[1], wipe=False)
+        wiped = _restart(systems[1], wipe=True)
+        snapshots = {name: _snapshot_events(system) for name, system in zip(names, systems)}
+    finally:
+        for system in systems:
+            system.teardown()
+        report.raw["uptime"].append(f"after: {uptime_line()}")
+    stats = {name: mean_stats([w["stats"] for w in windows if w["system"] == name]) for name in names}
+    _lateness_rows(report, stats)
+    report.add("jobs done/s", {name: s["done_per_s"] for name, s in stats.items()}, None)
+    report.add("box slowdown over the windows (mean; bench/speed.py)",
+               {name: sum(w["info"]["box_slowdown"] for w in windows if w["system"] == name) / pairs
+                for name in names}, None)
+    report.add("CPU cores: server (mean over the windows)",
+               {name: sum(w["info"].get("cpu_cores", {}).get("server", math.nan) for w in windows
+                          if w["system"] == name) / pairs for name in names}, None)
+    report.add("snapshots written during the steady runs",
+               {name: sum(_snapshots_between(snapshots[name], w["t0"], w["t1"]) for w in windows
+                          if w["system"] == name) for name in names}, None)
+    _scale_tail(report, stats, syncs, fills, mems, restart, wiped)
+    report.notes[1:1] = [f"window {k}, {w['system']}: p50 {fmt(w['stats']['lateness_p50_s'], 'ms')}, "
+                         f"p99 {fmt(w['stats']['lateness_p99_s'], 'ms')}, box {fmt(w['info']['box_slowdown'])}x"
+                         for k, w in enumerate(windows)]
+    report.raw.update(windows=windows, snapshots=snapshots)
+    return report
+
+
+def _scale_tail(report: Report, stats: dict[str, dict[str, Any]], syncs: dict[str, float],
+                fills: dict[str, dict[str, Any]], mems: dict[str, list[dict[str, Any]]], restart: dict[str, Any],
+                wiped: dict[str, Any]) -> None:
+    """The rows and notes both scale runs end with: fill, memory, the ratios, restarts."""
+    small, big = report.systems
+    report.add("after the fill: seconds to sync dirty pages", syncs, None)
+    report.add("fill: create jobs/s (batch of 100)", {n: f["jobs_per_s"] for n, f in fills.items()}, None)
+    for a, b in zip(mems[small], mems[big]):
         report.add(f"RSS {a['node']} (MiB)", {small: a["rss_bytes"] / 2**20, big: b["rss_bytes"] / 2**20}, None)
         report.add(f"data dir {a['node']} (MiB)", {small: a["data_bytes"] / 2**20, big: b["data_bytes"] / 2**20},
                    None)
-    p99_ratio = s_big["lateness_p99_s"] / s_small["lateness_p99_s"] if s_small["lateness_p99_s"] > 0 else math.nan
-    p50_ratio = s_big["lateness_p50_s"] / s_small["lateness_p50_s"] if s_small["lateness_p50_s"] > 0 else math.nan
+    p99_ratio = stats[big]["lateness_p99_s"] / stats[small]["lateness_p99_s"] \
+        if stats[small]["lateness_p99_s"] > 0 else math.nan
+    p50_ratio = stats[big]["lateness_p50_s"] / stats[small]["lateness_p50_s"] \
+        if stats[small]["lateness_p50_s"] > 0 else math.nan
     report.notes += [
-        f"lateness with {live:,} live / with {baseline_live:,}: p50 {p50_ratio:.2f}x, p99 {p99_ratio:.2f}x "
-        f"(target: within 1.10x)",
-        f"restart after kill -9 of follower {restart['node']}: ready in {restart['ready_s']:.2f} s, "
+        f"lateness with {big} / with {small}: p50 {p50_ratio:.2f}x, p99 {p99_ratio:.2f}x (target: within 1.10x)",
+        f"restart after kill -9 of follower {restart['node']} ({big}): ready in {restart['ready_s']:.2f} s, "
         f"caught up in {restart['caught_up_s']:.2f} s, digest match {restart['digest_match']}",
-        f"wiped follower {wiped['node']} (data dir deleted): ready in {wiped['ready_s']:.2f} s, caught up "
+        f"wiped follower {wiped['node']} (data dir deleted, {big}): ready in {wiped['ready_s']:.2f} s, caught up "
         f"in {wiped['caught_up_s']:.2f} s, digest match {wiped['digest_match']}",
     ]
-    report.raw.update(stats=stats, infos={small: i_small, big: i_big}, fill=[fill_small, fill_big],
-                      mem=[mem_small, mem_big], restart=restart, wiped=wiped)
-    return report
+    report.raw.update(stats=stats, fill=fills, mem=mems, restart=restart, wiped=wiped)
 
 
 # ---- 6. failover ----------------------------------------------------------------------
