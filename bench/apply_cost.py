@@ -5,7 +5,10 @@ with one entry would), in the batch sizes the daemon uses under load. Each job i
 created LEAD_US before it is due, so the create entry claims it (within
 --claim-ahead-s, as the daemon's lookahead_s) and the claim phase finds nothing.
 
-    python -m bench.apply_cost [--jobs 20000] [--claim-ahead-s 0] [--data-root DIR] [--profile 25]
+    python -m bench.apply_cost [--jobs 20000] [--claim-ahead-s 0] [--live N] [--data-root DIR] [--profile 25]
+
+--live N first fills the store with N one-off jobs due a year later (the scale
+bench's far-future jobs), so the phases run against a store of that size.
 
 Every replica pays this for every job, in its one tick thread: it bounds what
 the cluster can dispatch per second however fast the network and fsync are."""
@@ -48,13 +51,24 @@ class Replica:
         return result
 
 
+def fill(replica: Replica, live: int) -> None:
+    """live far-future one-offs, created in batches as the scale bench's fill makes them."""
+    far = T0 + 365 * 86_400 * S
+    for lo in range(0, live, CREATE_BATCH):
+        specs = [dict(JOB_DEFAULTS, job_id=f"live-{i:08d}", schedule={"kind": "at", "at_us": far},
+                      schedule_spec={}, queue="bench", payload_json='{"n": 1}')
+                 for i in range(lo, min(live, lo + CREATE_BATCH))]
+        replica.apply(Op.CREATE_JOBS, {"now": T0, "jobs": specs, "grace_us": GRACE_US, "claim_ahead_us": 12 * S})
+
+
 def _chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def phases(replica: Replica, jobs: int, ahead_us: int) -> list[tuple[str, Callable[[], None]]]:
-    ids = [f"bench-{i:08d}" for i in range(jobs)]
-    due = T0 + 60 * S
+def phases(replica: Replica, jobs: int, ahead_us: int, prefix: str = "bench",
+           t0: int = T0) -> list[tuple[str, Callable[[], None]]]:
+    ids = [f"{prefix}-{i:08d}" for i in range(jobs)]
+    due = t0 + 60 * S
     run_ids: list[str] = []
     tasks: list[dict[str, Any]] = []
 
@@ -97,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-root", default=None, help="the store goes here (a real disk)")
     p.add_argument("--claim-ahead-s", type=float, default=12.0,
                    help="creates claim what is due within this (the daemon's lookahead_s); 0: the scan claims all")
+    p.add_argument("--live", type=int, default=0, help="far-future jobs in the store before the phases run")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions")
     args = p.parse_args(argv)
     path = tempfile.mkdtemp(prefix="apply-cost-", dir=args.data_root)
@@ -105,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench.apply_cost: {args.jobs:,} one-off jobs, one replica, store in {path}; {uptime_line()}")
     try:
         replica = Replica(os.path.join(path, "lmdb"))
+        if args.live:
+            started = time.perf_counter()
+            fill(replica, args.live)
+            print(f"  filled with {args.live:,} far-future jobs in {time.perf_counter() - started:.1f} s")
         total = 0.0
         for name, run in phases(replica, args.jobs, int(args.claim_ahead_s * S)):
             started = time.perf_counter()

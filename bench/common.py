@@ -53,6 +53,12 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interv
     raise BenchError(f"timed out after {timeout_s:g} s waiting for {what}; last error: {last_error!r}")
 
 
+def alternation(pairs: int) -> list[int]:
+    """Which of two systems (0, 1) runs each measured turn: 0 1 1 0 0 1 ..., so a drift
+    of the box's speed over the run slows both alike to first order."""
+    return [k % 2 ^ (k // 2) % 2 for k in range(2 * pairs)]
+
+
 def iso_us(ts: float) -> str:
     """Epoch seconds -> the API's ISO 8601 UTC form with microseconds."""
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

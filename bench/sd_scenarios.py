@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from bench.common import BenchError, fmt, iso_us, summarize, uptime_line, wait_until
+from bench.common import BenchError, alternation, fmt, iso_us, summarize, uptime_line, wait_until
 from bench.plan import OneOff
 from bench.scenarios import SD, Options, Report, _cpu_rows, _lateness_rows, make_system, steady_once
 from bench.feeder import create_jobs, job_body
@@ -158,12 +158,6 @@ def scale(opts: Options, live: int, baseline_live: int, rate: float, duration_s:
                 {small: mem_small, big: mem_big}, restart, wiped)
     report.raw.update(infos={small: i_small, big: i_big})
     return report
-
-
-def alternation(pairs: int) -> list[int]:
-    """Which of two systems (0 small, 1 big) runs each measured window: 0 1 1 0 0 1 ..., so a
-    drift of the box's speed over the run slows both alike to first order."""
-    return [k % 2 ^ (k // 2) % 2 for k in range(2 * pairs)]
 
 
 def mean_stats(windows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,3 +45,26 @@ def test_sdk_cost_acks_every_task() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "worker CPU per task:" in proc.stdout
+
+
+def test_scale_side_by_side_runs_every_window_on_both_clusters(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "scale", "--live", "2000", "--baseline-live", "500",
+                           "--rate", "30", "--duration", "2", "--workers", "1", "--side-by-side", "1",
+                           "--json", str(out), "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())["report"]
+    assert [w["system"] for w in report["windows"]] == ["500 live", "2,000 live"]
+    for stats in report["stats"].values():
+        assert stats["ran"] == stats["expected"] > 0 and stats["duplicates"] == 0, stats
+    assert report["wiped"]["digest_match"] and report["restart"]["digest_match"]
+
+
+def test_scale_cost_compares_both_stores(tmp_path: pathlib.Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.scale_cost", "--live", "3000", "--baseline-live", "300",
+                           "--rounds", "2", "--jobs-per-round", "200", "--scans", "2", "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for row in ("apply µs/job", "due scan ms"):
+        assert f"  {row}" in proc.stdout

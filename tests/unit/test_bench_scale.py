@@ -1,7 +1,9 @@
-"""bench scale --side-by-side: the order of its windows and how a system's windows combine."""
+"""bench scale --side-by-side and bench.scale_cost: the order their two systems take turns in,
+and how a system's windows combine."""
 from __future__ import annotations
 
-from bench.sd_scenarios import alternation, mean_stats
+from bench.common import alternation
+from bench.sd_scenarios import mean_stats
 
 
 def test_alternation_runs_each_system_once_per_pair_in_abba_order() -> None:
