@@ -175,6 +175,23 @@ def mean_stats(windows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def copy_split(windows: list[dict[str, Any]], names: list[str]) -> str:
+    """The big system's windows split by whether it wrote a snapshot in them (a compaction
+    copies its whole store), each as the mean p99 against the baseline's windows."""
+    def mean_p99(ws: list[dict[str, Any]]) -> float:
+        return sum(w["stats"]["lateness_p99_s"] for w in ws) / len(ws) if ws else math.nan
+
+    small, big = names
+    base = mean_p99([w for w in windows if w["system"] == small])
+    parts = []
+    for label, copied in (("without", False), ("with", True)):
+        ws = [w for w in windows if w["system"] == big and (w["big_copies"] > 0) == copied]
+        value = mean_p99(ws)
+        parts.append(f"{len(ws)} {label} a snapshot of it: p99 {fmt(value, 'ms')} ({value / base:.2f}x)" if ws
+                     else f"none {label} a snapshot of it")
+    return f"{big} windows against the {small} ones (mean p99 {fmt(base, 'ms')}): " + "; ".join(parts)
+
+
 def scale_side_by_side(opts: Options, live: int, baseline_live: int, rate: float, duration_s: float,
                        lead_s: float, drain_s: float, pairs: int) -> Report:
     """Two clusters up at once, one holding baseline_live jobs and one live, their steady runs
@@ -225,9 +242,12 @@ def scale_side_by_side(opts: Options, live: int, baseline_live: int, rate: float
                {name: sum(_snapshots_between(snapshots[name], w["t0"], w["t1"]) for w in windows
                           if w["system"] == name) for name in names}, None)
     _scale_tail(report, stats, syncs, fills, mems, restart, wiped)
+    for w in windows:
+        w["big_copies"] = _snapshots_between(snapshots[names[1]], w["t0"], w["t1"])
     report.notes[1:1] = [f"window {k}, {w['system']}: p50 {fmt(w['stats']['lateness_p50_s'], 'ms')}, "
-                         f"p99 {fmt(w['stats']['lateness_p99_s'], 'ms')}, box {fmt(w['info']['box_slowdown'])}x"
-                         for k, w in enumerate(windows)]
+                         f"p99 {fmt(w['stats']['lateness_p99_s'], 'ms')}, box {fmt(w['info']['box_slowdown'])}x, "
+                         f"{w['big_copies']} snapshot(s) of the {names[1]} cluster written"
+                         for k, w in enumerate(windows)] + [copy_split(windows, names)]
     report.raw.update(windows=windows, snapshots=snapshots)
     return report
 

@@ -3,7 +3,7 @@ and how a system's windows combine."""
 from __future__ import annotations
 
 from bench.common import alternation
-from bench.sd_scenarios import mean_stats
+from bench.sd_scenarios import copy_split, mean_stats
 
 
 def test_alternation_runs_each_system_once_per_pair_in_abba_order() -> None:
@@ -31,3 +31,16 @@ def test_mean_stats_averages_percentiles_sums_counts_and_keeps_the_largest_max()
     assert m["expected"] == 20 and m["ran"] == 19 and m["missing"] == 1
     assert abs(m["lateness_p50_s"] - 0.015) < 1e-12 and abs(m["lateness_p99_s"] - 0.040) < 1e-12
     assert m["lateness_max_s"] == 0.050 and m["done_per_s"] == 295.0
+
+
+def test_copy_split_compares_the_big_systems_windows_with_and_without_a_snapshot() -> None:
+    def window(system: str, p99: float, copies: int) -> dict:
+        return {"system": system, "stats": {"lateness_p99_s": p99}, "big_copies": copies}
+
+    names = ["small", "big"]
+    windows = [window("small", 0.020, 0), window("big", 0.020, 0), window("big", 0.030, 2), window("small", 0.020, 1)]
+    line = copy_split(windows, names)
+    assert "(mean p99 20.0 ms)" in line
+    assert "1 without a snapshot of it: p99 20.0 ms (1.00x)" in line
+    assert "1 with a snapshot of it: p99 30.0 ms (1.50x)" in line
+    assert "none with a snapshot of it" in copy_split(windows[:2], names)
