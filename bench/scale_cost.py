@@ -21,8 +21,8 @@ import time
 from bench.apply_cost import S, T0, Replica, fill, phases
 from bench.common import alternation, uptime_line
 from schedulerd.config import NodeConfig
-from schedulerd.limits import Limits
 from schedulerd.gctune import tune_gc
+from schedulerd.limits import Limits
 from storage import keys, queries
 
 ROUND_SPACING_US = 120 * S  # each round's jobs are due after the previous round's
