@@ -57,14 +57,14 @@ def _skip_make_durable(syncobj: Any, log_journal: Any) -> None:
 def install_variant(variant: str) -> type:
     """Set up raft.journal in this process for `variant`; returns the expected journal class.
 
-    Group.__init__ calls `journal.install()` with no argument, which resets the
-    factory to DurableJournal, so installing a factory before building a Group has
-    no effect. For `nofsync` we wrap install() so Group's own call picks ours."""
+    Group.__init__ calls `journal.install()` with its own DurableJournal factory, so
+    installing a factory before building a Group has no effect. For `nofsync` we
+    wrap install() so Group's own call installs ours instead."""
     if variant == "durable":
         return journal.DurableJournal
     if variant == "nofsync":
         real_install = journal.install
-        journal.install = lambda factory=None: real_install(factory or PlainFileJournal)
+        journal.install = lambda factory=None: real_install(PlainFileJournal)
         journal.make_durable = _skip_make_durable
         return PlainFileJournal
     if variant == "durable-nohook":

@@ -44,6 +44,10 @@ class RaftConfig:
     # Replicas compact at the same log index; each waits this much more than the one
     # before it (followers first, the leader last) before copying its store.
     snapshot_stagger_s: float = 10.0
+    # A background compaction copy writes at most this many bytes per second (0: as fast as
+    # the disk goes). Each journal fdatasync waits for the copy's bytes queued before it:
+    # paced, a 1M-job store's 760 MB copy takes ~7 s and leaves commits their latency.
+    snapshot_write_bytes_per_s: int = 100 << 20
     # Largest Raft entry, and the size of one append message. pysyncobj 0.3.17 sends a
     # bigger entry in pieces and marks its last piece wrongly (by the command's length,
     # not the pickled entry's): an entry just under a multiple of the piece size reached
@@ -72,6 +76,8 @@ class RaftConfig:
             raise ValueError("entry_bytes_max must be at least 64 KiB")
         if not 0 <= self.snapshot_stagger_s <= 300:
             raise ValueError("snapshot_stagger_s must be within 0..300 seconds")
+        if self.snapshot_write_bytes_per_s != 0 and self.snapshot_write_bytes_per_s < 1 << 20:
+            raise ValueError("snapshot_write_bytes_per_s must be 0 (unpaced) or at least 1 MiB/s")
         if self.compaction_entries_min < 10:
             raise ValueError("compaction_entries_min must be at least 10")
         if not 0 <= self.compaction_journal_ratio <= 10:

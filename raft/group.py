@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from typing import Any, Callable
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
@@ -147,9 +148,12 @@ class Group:
         base = os.path.join(conf.data_dir, f"group-{group_id}")
         self.store = Store(base + ".lmdb", group_id, conf.lmdb_map_bytes)
         self.self_addr, self.peers = conf.node_addrs(group_id)
-        journal.install()
         journal_path = base + ".journal"
-        self._snapshots = SnapshotWriter(self.store, base + ".snapshot", self._snapshot_delay_s)
+        # Entries the snapshot covers are skipped as the journal loads (raft/journal.py).
+        keep_from = snapshot.first_needed_index(base + ".snapshot")
+        journal.install(lambda path: journal.DurableJournal(path, keep_from))
+        self._snapshots = SnapshotWriter(self.store, base + ".snapshot", self._snapshot_delay_s,
+                                         conf.snapshot_write_bytes_per_s)
         sconf = SyncObjConf(
             journalFile=journal_path,
             fullDumpFile=base + ".snapshot",
@@ -250,14 +254,24 @@ class Group:
                                                           self._snapshots.size_bytes, self.conf):
             self.replica.forceLogCompaction()
 
-    def _snapshot_delay_s(self) -> float:
-        """This replica's place in the compaction order, times snapshot_stagger_s: the
-        followers in address order, then the leader (tick thread)."""
+    def _snapshot_delay_s(self, now_s: float | None = None) -> float:
+        """Seconds until this replica's slot to start a copy (tick thread).
+
+        Slots are snapshot_stagger_s long and repeat every (nodes x stagger) on the wall
+        clock: the followers' in address order, then the leader's. Counted from the
+        moment each replica compacts, as before, two followers that compacted a few
+        hundred entries apart (their journals weigh differently) copied at once, and the
+        leader lost the one follower that kept its commits fast for seconds."""
+        stagger = self.conf.snapshot_stagger_s
         leader = self.replica._getLeader()
         leader_addr = leader.address if leader is not None else None
         order = sorted(a for a in [self.self_addr, *self.peers] if a != leader_addr)
         place = order.index(self.self_addr) if self.self_addr in order else len(order)
-        return place * self.conf.snapshot_stagger_s
+        period = stagger * (len(self.peers) + 1)
+        if period == 0:
+            return 0.0
+        now_s = time.time() if now_s is None else now_s
+        return (place * stagger - now_s) % period
 
     def _write_snapshot(self, path: str, data: tuple[Any, ...]) -> None:
         self._commit_applied()

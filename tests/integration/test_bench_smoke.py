@@ -68,3 +68,12 @@ def test_scale_cost_compares_both_stores(tmp_path: pathlib.Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for row in ("apply µs/job", "due scan ms"):
         assert f"  {row}" in proc.stdout
+
+
+def test_snapshot_cost_times_each_copy_and_the_journal_beside_it(tmp_path: pathlib.Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.snapshot_cost", "--live", "3000", "--rounds", "2",
+                           "--idle-s", "0.2", "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "  no copy (0.2 s): journal fdatasync p50" in proc.stdout
+    assert "  round 1: " in proc.stdout and "  median: " in proc.stdout

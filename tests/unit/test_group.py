@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 from pysyncobj.serializer import Serializer
 
+from raft import journal as journal_mod
+from raft import compaction
+from raft import snapshot as snapshot_mod
 from raft.conf import RaftConfig
 from raft.group import Group, ProposalFailed
 from storage import bootmark, ops, queries
@@ -135,6 +138,37 @@ def test_compaction_writes_an_lmdb_snapshot_and_restart_uses_it(tmp_path: pathli
     group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_journal_ratio=0)
     try:
         assert job_count(group) == 120
+    finally:
+        group.destroy()
+
+
+def test_a_restart_between_a_snapshot_and_its_compaction_keeps_the_journal(tmp_path: pathlib.Path, loop,
+                                                                          monkeypatch) -> None:
+    """The node stops after a new snapshot is in place but before its journal dropped
+    what the snapshot covers (kill -9 in between). pysyncobj clears a journal whose head
+    does not match the snapshot: every entry after it, acknowledged, would be gone from
+    this node's log. The journal loads from the entry the snapshot needs instead."""
+    (port,) = free_ports(1)
+    monkeypatch.setattr(journal_mod.DurableJournal, "deleteEntriesTo", lambda self, entry_to: None)
+    group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_journal_ratio=0)
+    snapshot_path = tmp_path / "group-0.snapshot"
+    try:
+        for i in range(15):
+            propose(group, loop, create_blob(f"j{i}"))
+        wait_until(snapshot_path.exists, 10, "a snapshot file")
+        monkeypatch.setattr(compaction, "due", lambda *args: False)  # that snapshot stays the last
+        for i in range(15, 40):
+            propose(group, loop, create_blob(f"j{i}"))
+        last = group.journal[-1][1]
+    finally:
+        group.destroy()
+    monkeypatch.undo()
+    needed = snapshot_mod.first_needed_index(str(snapshot_path))
+    assert 1 < needed < last - 20, "the snapshot covers part of the journal, not all of it"
+    group = single(tmp_path, Recorder(), port, compaction_entries_min=10_000, compaction_journal_ratio=0)
+    try:
+        assert group.journal[0][1] == needed and group.journal[-1][1] >= last
+        assert job_count(group) == 40
     finally:
         group.destroy()
 
@@ -303,14 +337,20 @@ def test_a_cut_off_leader_with_uncommitted_entries_catches_up_after_heal(tmp_pat
             g.destroy()
 
 
-def test_followers_copy_their_snapshots_first_and_one_at_a_time(tmp_path: pathlib.Path) -> None:
+def test_each_replica_copies_its_snapshot_in_its_own_slot_followers_first(tmp_path: pathlib.Path) -> None:
     groups = three_groups(tmp_path)
     try:
         wait_until(lambda: all(g.status()["leader"] is not None for g in groups), 15, "a leader everyone knows")
         leader = next(g for g in groups if g.is_leader())
         followers = sorted((g for g in groups if g is not leader), key=lambda g: g.self_addr)
         stagger = leader.conf.snapshot_stagger_s
-        assert [g._snapshot_delay_s() for g in (*followers, leader)] == [0.0, stagger, 2 * stagger]
+        period_start = 1_000 * 3 * stagger
+        assert [g._snapshot_delay_s(period_start) for g in (*followers, leader)] == \
+            pytest.approx([0.0, stagger, 2 * stagger])
+        # Compacting later changes nobody's slot: the slots stay where the clock puts them.
+        later = period_start + 1.5 * stagger
+        assert [g._snapshot_delay_s(later) for g in (*followers, leader)] == \
+            pytest.approx([1.5 * stagger, 2.5 * stagger, 0.5 * stagger])
     finally:
         for g in groups:
             g.destroy()

@@ -88,7 +88,7 @@ def test_garbage_tail_is_dropped_and_truncated(tmp_path: Path) -> None:
 def test_crc_mismatch_stops_loading_there(tmp_path: Path) -> None:
     added = entries(5)
     journal = open_with(tmp_path / "j", added)
-    third_offset = journal._offsets[2]
+    third_offset = journal._locs[2][1]
     journal._destroy()
     with open(tmp_path / "j", "r+b") as f:
         f.seek(third_offset + 24 + 2)  # inside the third record's command bytes
@@ -122,11 +122,10 @@ def test_delete_entries_from_persists(tmp_path: Path) -> None:
     assert reopen(journal)[:] == added[:4] + [(b"replacement", 5, 2)]
 
 
-def crash(journal: DurableJournal) -> DurableJournal:
-    """Reopen as after kill -9: the file as it is, nothing synced or cut on the way out."""
-    os.close(journal._fd)
-    journal._fd = -1
-    return DurableJournal(journal.path)
+def crash(journal: DurableJournal, keep_from: int = 0) -> DurableJournal:
+    """Reopen as after kill -9: the files as they are, nothing synced or cut on the way out."""
+    journal._close_files()
+    return DurableJournal(journal.path, keep_from)
 
 
 def test_resent_identical_entries_are_taken_back_without_writing(tmp_path: Path) -> None:
@@ -181,6 +180,154 @@ def test_delete_entries_to_persists_and_keeps_appending(tmp_path: Path) -> None:
     assert not os.path.exists(tmp_path / "j.tmp")
 
 
+def segment_files(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if p.name == "j" or p.name[2:].isdigit())
+
+
+def test_compaction_rewrites_no_entry_and_deletes_what_it_dropped(tmp_path: Path, monkeypatch) -> None:
+    added = entries(30)
+    journal = open_with(tmp_path / "j", added)
+    writes: list[int] = []
+    real_pwrite_all = journal_mod.segments.pwrite_all
+    monkeypatch.setattr(journal_mod.segments, "pwrite_all",
+                        lambda fd, data, offset: (writes.append(len(data)), real_pwrite_all(fd, data, offset)))
+    journal.deleteEntriesTo(10)
+    assert writes == [len(MAGIC)] and journal[:] == added[10:], "only the new segment's header"
+    journal.add(b"after", 31, 1)
+    journal.deleteEntriesTo(20)  # entries 11..30 were in "j": it holds nothing kept now
+    assert journal[:] == [(b"after", 31, 1)]
+    wait_until(lambda: segment_files(tmp_path) == ["j.1", "j.2"], "the dropped segment's removal")
+    journal.add(b"later", 32, 1)
+    assert reopen(journal)[:] == [(b"after", 31, 1), (b"later", 32, 1)]
+
+
+def test_the_new_first_index_is_stored_with_the_next_meta_write(tmp_path: Path) -> None:
+    """Until then a crash brings dropped entries back, which a node's loader skips
+    (keep_from: its snapshot covers them); after it they stay dropped on their own."""
+    added = entries(6)
+    journal = open_with(tmp_path / "j", added)
+    journal.deleteEntriesTo(3)
+    journal.sync()
+    assert crash(journal)[:] == added
+    journal = open_with(tmp_path / "k", added)
+    journal.deleteEntriesTo(3)
+    journal.onOneSecondTimer()
+    assert crash(journal)[:] == added[3:]
+
+
+def test_a_segment_whose_header_never_reached_the_disk_is_an_empty_one(tmp_path: Path) -> None:
+    journal = open_with(tmp_path / "j", entries(3))
+    journal.deleteEntriesTo(1)
+    journal._close_files()
+    os.truncate(tmp_path / "j.1", 3)  # created, then a power loss before any sync
+    journal = DurableJournal(str(tmp_path / "j"))
+    assert journal[:] == entries(3)  # the meta with the new first index was not written either
+    journal.add(b"cmd-4", 4, 1)
+    assert reopen(journal)[-1] == (b"cmd-4", 4, 1) and (tmp_path / "j.1").read_bytes()[:len(MAGIC)] == MAGIC
+
+
+def test_segments_end_at_their_size_and_only_the_active_one_is_open(tmp_path: Path) -> None:
+    open_before = len(os.listdir("/proc/self/fd"))
+    added = entries(40)
+    journal = DurableJournal(str(tmp_path / "j"), segment_bytes=100)  # four ~30-byte records each
+    for entry in added:
+        journal.add(*entry)
+    assert len(segment_files(tmp_path)) == 10
+    assert len(os.listdir("/proc/self/fd")) == open_before + 1
+    journal.deleteEntriesTo(20)  # entries 1..20 filled segments 0..4
+    wait_until(lambda: len(segment_files(tmp_path)) == 10 - 5 + 1, "the dropped segments' removal")
+    journal._destroy()
+    assert DurableJournal(str(tmp_path / "j"), segment_bytes=100)[:] == added[20:]
+
+
+def test_the_size_is_of_the_entries_kept(tmp_path: Path) -> None:
+    journal = open_with(tmp_path / "j", entries(10))
+    record = 24 + len(b"cmd-1")
+    assert journal.size_bytes() == 9 * record + 24 + len(b"cmd-10")
+    journal.deleteEntriesTo(8)
+    assert journal.size_bytes() == record + 24 + len(b"cmd-10")
+    journal.deleteEntriesFrom(1)
+    assert journal.size_bytes() == record
+    journal._destroy()
+
+
+def test_loading_skips_what_the_snapshot_covers(tmp_path: Path) -> None:
+    """A crash after a snapshot was put in place but before the journal was compacted:
+    the journal starts at the entry the snapshot needs, not at one pysyncobj would
+    answer by clearing the journal."""
+    added = entries(10)
+    open_with(tmp_path / "j", added)._destroy()
+    journal = DurableJournal(str(tmp_path / "j"), keep_from=6)
+    assert journal[:] == added[5:]
+    journal.add(b"next", 11, 1)
+    journal._destroy()
+    assert DurableJournal(str(tmp_path / "j"), keep_from=6)[:] == added[5:] + [(b"next", 11, 1)]
+
+
+def test_segments_left_by_an_unfinished_removal_are_removed_at_load(tmp_path: Path, monkeypatch) -> None:
+    journal = open_with(tmp_path / "j", entries(10))
+    monkeypatch.setattr(journal_mod.segments, "remove_beside", lambda paths: None)  # a crash before it ran
+    journal.deleteEntriesTo(5)
+    journal.add(b"cmd-11", 11, 1)
+    journal.add(b"cmd-12", 12, 1)
+    journal.deleteEntriesTo(5)  # 11 and 12 kept, in "j.1": "j" holds only dropped entries
+    assert segment_files(tmp_path) == ["j", "j.1", "j.2"]
+    journal._destroy()
+    assert DurableJournal(str(tmp_path / "j"))[:] == entries(2, 11)
+    assert segment_files(tmp_path) == ["j.1", "j.2"]
+
+
+def two_segments(tmp_path: Path) -> tuple[DurableJournal, list[tuple[bytes, int, int]]]:
+    """Entries 2..5 in "j" (1 dropped) and 6..8 in "j.1", all synced."""
+    added = entries(8)
+    journal = open_with(tmp_path / "j", added[:5])
+    journal.deleteEntriesTo(1)
+    for entry in added[5:]:
+        journal.add(*entry)
+    journal.sync()
+    return journal, added
+
+
+def test_identical_entries_resent_across_a_segment_boundary_are_taken_back(tmp_path: Path) -> None:
+    journal, added = two_segments(tmp_path)
+    before = {name: (tmp_path / name).read_bytes() for name in segment_files(tmp_path)}
+    journal.deleteEntriesFrom(1)  # from entry 3, in "j"; 6..8 are in "j.1"
+    for entry in added[2:]:
+        journal.add(*entry)
+    assert {name: (tmp_path / name).read_bytes() for name in segment_files(tmp_path)} == before
+    assert crash(journal, keep_from=2)[:] == added[1:]
+
+
+def test_a_conflict_in_an_earlier_segment_cuts_it_and_deletes_the_later_ones(tmp_path: Path) -> None:
+    journal, added = two_segments(tmp_path)
+    journal.deleteEntriesFrom(1)  # from entry 3, in "j"
+    journal.add(*added[2])
+    journal.add(b"other", 4, 9)
+    journal.sync()
+    assert segment_files(tmp_path) == ["j"]
+    assert crash(journal, keep_from=2)[:] == added[1:3] + [(b"other", 4, 9)]
+
+
+def test_a_damaged_record_in_a_sealed_segment_is_an_error(tmp_path: Path) -> None:
+    journal = open_with(tmp_path / "j", entries(5))
+    journal.deleteEntriesTo(1)
+    journal.add(b"cmd-6", 6, 1)
+    journal._destroy()
+    with open(tmp_path / "j", "r+b") as f:
+        f.seek(-2, os.SEEK_END)
+        f.write(b"XX")
+    with pytest.raises(JournalError, match="sealed segment"):
+        DurableJournal(str(tmp_path / "j"))
+
+
+def test_a_meta_file_from_before_compaction_stored_the_first_index_loads(tmp_path: Path) -> None:
+    journal_mod.segments.replace_durably(str(tmp_path / "j.meta"), journal_mod.codec.pack(
+        {"term": 4, "voted_for": None, "commit_index": 9}))
+    journal = DurableJournal(str(tmp_path / "j"))
+    assert (journal.getCurrentTerm(), journal.getRaftCommitIndex()) == (4, 9)
+    journal._destroy()
+
+
 def test_meta_persists(tmp_path: Path) -> None:
     journal = DurableJournal(str(tmp_path / "j"))
     assert (journal.getCurrentTerm(), journal.getVotedForNodeId(), journal.getRaftCommitIndex()) == (0, None, 1)
@@ -201,9 +348,9 @@ def test_term_and_vote_are_stored_synchronously(tmp_path: Path) -> None:
     journal = DurableJournal(str(tmp_path / "j"))
     journal.setCurrentTerm(3, "127.0.0.1:1")
     journal.setRaftCommitIndex(5)
-    assert journal_mod._read_meta(journal.meta_path) == (3, "127.0.0.1:1", 1)  # commit index: lazy
+    assert journal_mod._read_meta(journal.meta_path) == (3, "127.0.0.1:1", 1, 0)  # commit index: lazy
     journal.onOneSecondTimer()
-    assert journal_mod._read_meta(journal.meta_path) == (3, "127.0.0.1:1", 5)
+    assert journal_mod._read_meta(journal.meta_path) == (3, "127.0.0.1:1", 5, 0)
     journal._destroy()
 
 

@@ -2,10 +2,13 @@
 and the store is left as it was (LMDB would read past a short file: SIGBUS)."""
 from __future__ import annotations
 
-import io
+import fcntl
+import os
 import pathlib
 import threading
+import time
 
+import lmdb
 import pytest
 
 from raft import snapshot
@@ -50,22 +53,109 @@ def test_a_truncated_or_damaged_snapshot_is_refused_and_changes_nothing(tmp_path
     assert not list((tmp_path / "dst").glob("*.restore"))
 
 
-def test_a_write_that_fails_midway_stops_the_copy_and_raises(tmp_path: pathlib.Path, monkeypatch) -> None:
+def filled_store(tmp_path: pathlib.Path) -> Driver:
+    """About 4 MB of store: several blocks of copy."""
     d = Driver(str(tmp_path / "src"))
     specs = [dict(JOB_DEFAULTS, job_id=f"j{i}", schedule={"kind": "every", "every_us": 60 * S}, schedule_spec={},
                   queue="q", payload_json='"' + "x" * 2000 + '"') for i in range(2000)]
     for i in range(0, 2000, 100):
         d.apply(Op.CREATE_JOBS, now=T0, jobs=specs[i:i + 100])
-    monkeypatch.setattr(snapshot, "_BLOCK", 4096)
+    return d
+
+
+def test_a_write_that_fails_midway_stops_the_copy_and_raises(tmp_path: pathlib.Path, monkeypatch) -> None:
+    d = filled_store(tmp_path)
+    real_pwrite = os.pwrite
+
+    def full_disk(fd: int, data: memoryview, offset: int) -> int:
+        if offset > 64 * 1024:
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(snapshot.os, "pwrite", full_disk)
     threads_before = threading.active_count()
-
-    class FullDisk(io.BytesIO):
-        def write(self, data: bytes) -> int:
-            if self.tell() > 64 * 1024:
-                raise OSError(28, "No space left on device")
-            return super().write(data)
-
     with pytest.raises(OSError, match="No space"):
-        snapshot._copy_through_pipe(d.store.env, FullDisk())
+        snapshot.write(d.store, str(tmp_path / "group-0.snapshot"), ENTRIES)
     assert threading.active_count() == threads_before, "the copy thread ended"
+    d.store.close()
+
+
+def direct_io_works(directory: pathlib.Path) -> bool:
+    path = directory / "probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        return snapshot._try_direct(fd, True)
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def test_the_copy_starts_on_a_block_boundary_and_is_written_direct_where_it_can_be(
+        tmp_path: pathlib.Path, monkeypatch) -> None:
+    d = filled_store(tmp_path)
+    writes: list[tuple[int, int, bool]] = []
+    real_pwrite = os.pwrite
+
+    def recorded(fd: int, data: memoryview, offset: int) -> int:
+        writes.append((offset, len(data), bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(snapshot.os, "pwrite", recorded)
+    path = tmp_path / "group-0.snapshot"
+    snapshot.write(d.store, str(path), ENTRIES)
+    header, offset = snapshot.read_header(str(path))
+    assert offset % 4096 == 0 and header["last_applied"] == d.store.last_applied()
+    assert len(writes) >= 4 and all(off % 4096 == 0 and size % 4096 == 0 for off, size, _ in writes)
+    assert {direct for _, _, direct in writes} == {direct_io_works(tmp_path)}
+    empty = Driver(str(tmp_path / "dst"))
+    snapshot.restore(empty.store, str(path))
+    assert empty.job("j1999") is not None
+    d.store.close()
+
+
+def test_without_direct_io_the_copy_is_synced_as_it_grows(tmp_path: pathlib.Path, monkeypatch) -> None:
+    d = filled_store(tmp_path)
+    syncs: list[int] = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(snapshot, "_try_direct", lambda fd, on: False)
+    monkeypatch.setattr(snapshot, "_SYNC_EVERY", 1 << 20)
+    monkeypatch.setattr(snapshot.os, "fdatasync", lambda fd: (syncs.append(os.fstat(fd).st_size), real_fdatasync(fd)))
+    path = tmp_path / "group-0.snapshot"
+    snapshot.write(d.store, str(path), ENTRIES)
+    size = path.stat().st_size
+    assert len(syncs) >= 2 and syncs == sorted(syncs) and syncs[-1] < size, \
+        f"synced while the copy grew, not only at its end: {syncs} of {size} bytes"
+    empty = Driver(str(tmp_path / "dst"))
+    snapshot.restore(empty.store, str(path))
+    assert empty.job("j1999") is not None
+    d.store.close()
+
+
+def test_a_paced_copy_takes_as_long_as_its_rate_says(tmp_path: pathlib.Path) -> None:
+    d = filled_store(tmp_path)
+    path = tmp_path / "group-0.snapshot"
+    rate = 16 << 20
+    started = time.monotonic()
+    snapshot.write(d.store, str(path), ENTRIES, bytes_per_s=rate)
+    took = time.monotonic() - started
+    _, offset = snapshot.read_header(str(path))
+    copied = path.stat().st_size - offset - snapshot._TRAILER.size
+    assert copied > 2 << 20 and took >= copied / rate - 1 / 16, f"{copied} bytes in {took:.3f} s"
+    d.store.close()
+
+
+def test_the_header_pads_to_a_block_whatever_its_size() -> None:
+    for size in range(0, 9000, 7):
+        prefix = snapshot._aligned_prefix({"last": [b"x" * size, 5, 2], "prev": [b"\x01", 4, 2], "last_applied": 5})
+        assert len(prefix) % 4096 == 0
+
+
+def test_a_snapshot_written_over_a_bigger_file_is_cut_to_its_own_length(tmp_path: pathlib.Path) -> None:
+    d = filled_store(tmp_path)
+    fresh, reused = tmp_path / "fresh.snapshot", tmp_path / "reused.snapshot"
+    snapshot.write(d.store, str(fresh), ENTRIES)
+    reused.write_bytes(b"\xee" * (fresh.stat().st_size * 3))  # an older, bigger snapshot's file
+    inode = reused.stat().st_ino
+    snapshot.write(d.store, str(reused), ENTRIES)
+    assert reused.stat().st_ino == inode and reused.read_bytes() == fresh.read_bytes()
     d.store.close()

@@ -21,6 +21,8 @@ from tests.unit.fsm_driver import S, T0, Driver
 
 FIRST = ((b"\x01", 5, 2), (b"\x01", 4, 2), None)
 SECOND = ((b"\x01", 9, 2), (b"\x01", 8, 2), None)
+THIRD = ((b"\x01", 13, 2), (b"\x01", 12, 2), None)
+FOURTH = ((b"\x01", 17, 2), (b"\x01", 16, 2), None)
 
 
 @pytest.fixture
@@ -72,9 +74,9 @@ def gated_copies(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     release = threading.Event()
     real_write = snapshot.write
 
-    def gated(store: Any, path: str, data: tuple[Any, ...]) -> None:
+    def gated(store: Any, path: str, data: tuple[Any, ...], bytes_per_s: int = 0) -> None:
         release.wait(10)
-        real_write(store, path, data)
+        real_write(store, path, data, bytes_per_s)
 
     monkeypatch.setattr(snapshot, "write", gated)
     return release
@@ -90,15 +92,29 @@ def test_the_previous_snapshot_stays_until_the_new_one_is_whole(setup, monkeypat
     release.set()
     assert finished(writer) == SERIALIZER_STATE.SUCCESS
     assert last_index(final) == 9
-    wait_until(lambda: snapshot_files(final) == [final.name], 10, "the previous snapshot to be removed")
+    assert snapshot_files(final) == [final.name, final.name + ".retired"], "kept for the next copy"
     assert writer.state() == SERIALIZER_STATE.NOT_SERIALIZING
+
+
+def test_each_copy_writes_over_the_file_of_the_snapshot_before_the_last(setup) -> None:
+    """No copy frees a file (a big unlink stalls fdatasync on a disk mounted with discard)."""
+    _, writer, final = setup
+    first_snapshot(writer, final)
+    inodes = [final.stat().st_ino]
+    for entries in (SECOND, THIRD, FOURTH):
+        pysyncobj_serialize(writer, final, entries)
+        assert finished(writer) == SERIALIZER_STATE.SUCCESS
+        inodes.append(final.stat().st_ino)
+        assert last_index(final) == entries[0][1]
+    assert inodes[2] == inodes[0] and inodes[3] == inodes[1] and inodes[0] != inodes[1]
+    assert snapshot_files(final) == [final.name, final.name + ".retired"]
 
 
 def test_a_failed_copy_keeps_the_previous_snapshot(setup, monkeypatch) -> None:
     _, writer, final = setup
     first_snapshot(writer, final)
 
-    def broken_write(store: Any, path: str, data: tuple[Any, ...]) -> None:
+    def broken_write(store: Any, path: str, data: tuple[Any, ...], bytes_per_s: int = 0) -> None:
         pathlib.Path(path).write_bytes(b"half")
         raise OSError("disk full")
 
@@ -106,7 +122,7 @@ def test_a_failed_copy_keeps_the_previous_snapshot(setup, monkeypatch) -> None:
     pysyncobj_serialize(writer, final, SECOND)
     assert finished(writer) == SERIALIZER_STATE.FAILED
     assert last_index(final) == 5
-    assert snapshot_files(final) == [final.name]
+    assert snapshot_files(final) == [final.name, final.name + ".retired"], "the half copy's file, for reuse"
 
 
 def test_a_copy_overtaken_by_a_restore_is_dropped(setup, monkeypatch) -> None:
@@ -164,4 +180,6 @@ def test_a_copy_that_cannot_be_put_in_place_fails_without_raising(setup, monkeyp
     monkeypatch.setattr(os, "replace", no_rename)
     assert writer.state() == SERIALIZER_STATE.FAILED
     assert last_index(final) == 5
-    assert not os.path.exists(str(final) + ".next")
+    monkeypatch.undo()
+    pysyncobj_serialize(writer, final, THIRD)  # over the copy left behind
+    assert finished(writer) == SERIALIZER_STATE.SUCCESS and last_index(final) == 13
