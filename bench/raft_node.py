@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import pysyncobj.journal
 
-from raft import journal
+from raft import journal, segments
 from raft.conf import RaftConfig
 from raft.group import Group, ProposalFailed
 from storage import ops
@@ -43,11 +43,33 @@ ERROR_BACKOFF_S = 0.05  # after a failed proposal, so a leaderless cluster is no
 
 class PlainFileJournal(pysyncobj.journal.FileJournal):
     """pysyncobj's FileJournal unchanged, plus the `path` raft.journal's registry reads
-    (`_create_journal` stores every journal under `journal.path`)."""
+    (`_create_journal` stores every journal under `journal.path`) and the `size_bytes()`
+    raft.group's compaction check asks for every tick (kept as a running total)."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.path = os.path.abspath(path)
+        self._live_bytes = sum(map(segments.record_bytes, (self[i] for i in range(len(self)))))
+
+    def size_bytes(self) -> int:
+        """What raft.group weighs for compaction: the entries' size as DurableJournal frames them."""
+        return self._live_bytes
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        super().add(command, idx, term)
+        self._live_bytes += segments.record_bytes((command, idx, term))
+
+    def clear(self) -> None:
+        super().clear()
+        self._live_bytes = 0
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        self._live_bytes -= sum(map(segments.record_bytes, (self[i] for i in range(entryFrom, len(self)))))
+        super().deleteEntriesFrom(entryFrom)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        self._live_bytes -= sum(map(segments.record_bytes, (self[i] for i in range(min(entryTo, len(self))))))
+        super().deleteEntriesTo(entryTo)
 
 
 def _skip_make_durable(syncobj: Any, log_journal: Any) -> None:

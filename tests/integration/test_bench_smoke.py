@@ -77,3 +77,16 @@ def test_snapshot_cost_times_each_copy_and_the_journal_beside_it(tmp_path: pathl
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "  no copy (0.2 s): journal fdatasync p50" in proc.stdout
     assert "  round 1: " in proc.stdout and "  median: " in proc.stdout
+
+
+def test_raft_fsync_runs_both_journals(tmp_path: pathlib.Path) -> None:
+    """The nofsync variant runs pysyncobj's own FileJournal under raft.group, which
+    asks every journal for what DurableJournal offers (size_bytes): it broke once."""
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.raft_fsync", "--rounds", "1", "--duration-s", "1",
+                           "--warmup-s", "0.5", "--workloads", "a", "--json", str(out), "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = {r["variant"]: r["workloads"][0] for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"durable", "nofsync"}
+    assert all(w["commands_per_s"] > 0 and not w["errors"] for w in results.values()), results
