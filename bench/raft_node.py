@@ -49,7 +49,10 @@ class PlainFileJournal(pysyncobj.journal.FileJournal):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.path = os.path.abspath(path)
-        self._live_bytes = sum(map(segments.record_bytes, (self[i] for i in range(len(self)))))
+        self._live_bytes = self._framed(0, len(self))
+
+    def _framed(self, start: int, stop: int) -> int:
+        return sum(segments.record_bytes(self[i]) for i in range(start, stop))
 
     def size_bytes(self) -> int:
         """What raft.group weighs for compaction: the entries' size as DurableJournal frames them."""
@@ -64,11 +67,11 @@ class PlainFileJournal(pysyncobj.journal.FileJournal):
         self._live_bytes = 0
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
-        self._live_bytes -= sum(map(segments.record_bytes, (self[i] for i in range(entryFrom, len(self)))))
+        self._live_bytes -= self._framed(entryFrom, len(self))
         super().deleteEntriesFrom(entryFrom)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
-        self._live_bytes -= sum(map(segments.record_bytes, (self[i] for i in range(min(entryTo, len(self))))))
+        self._live_bytes -= self._framed(0, min(entryTo, len(self)))
         super().deleteEntriesTo(entryTo)
 
 

@@ -37,7 +37,7 @@ import pysyncobj.journal
 import pysyncobj.syncobj
 from pysyncobj import SyncObj
 
-from raft import segments
+from raft import fileio, segments
 from raft.segments import MAGIC, Entry, JournalError
 from storage import codec
 
@@ -329,7 +329,7 @@ class DurableJournal(pysyncobj.journal.Journal):
         started = time.perf_counter()
         self._os(os.fdatasync, self._active_fd())
         if self._dir_dirty:
-            self._os(segments.fsync_dir, self.path)
+            self._os(fileio.fsync_dir, self.path)
             self._dir_dirty = False
         self.stats.record(time.perf_counter() - started)
         self._dirty = False
@@ -365,12 +365,14 @@ def _read_meta(path: str) -> tuple[int, str | None, int, int]:
         return 0, None, 1, 0
     except ValueError as e:  # msgspec's DecodeError is a ValueError
         raise JournalError(f"{path}: unreadable meta: {e}") from e
+    if isinstance(meta, dict):
+        meta.setdefault("first_index", 0)
     shape = {"term": int, "voted_for": (str, type(None)), "commit_index": int, "first_index": int}
-    if not isinstance(meta, dict) or not meta.keys() <= shape.keys() or \
-            not shape.keys() - {"first_index"} <= meta.keys() or \
-            not all(isinstance(meta[key], kind) for key, kind in shape.items() if key in meta):
+    if not isinstance(meta, dict) or meta.keys() != shape.keys() or not all(
+        isinstance(meta[key], kind) for key, kind in shape.items()
+    ):
         raise JournalError(f"{path}: unexpected meta {meta!r}")
-    return meta["term"], meta["voted_for"], meta["commit_index"], meta.get("first_index", 0)
+    return meta["term"], meta["voted_for"], meta["commit_index"], meta["first_index"]
 
 
 _journals: dict[str, DurableJournal] = {}

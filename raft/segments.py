@@ -21,6 +21,8 @@ import threading
 import time
 import zlib
 
+from raft.fileio import fsync_dir, pwrite_all
+
 log = logging.getLogger("raft.journal")
 
 MAGIC = b"SCHDJRN1"
@@ -114,13 +116,6 @@ def open_locked(path: str) -> int:
     return fd
 
 
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-
-
 def replace_durably(path: str, data: bytes) -> None:
     """Write a temp file, fsync it, rename it over `path`, fsync the directory."""
     tmp = path + ".tmp"
@@ -130,14 +125,6 @@ def replace_durably(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path)
-
-
-def fsync_dir(path: str) -> None:
-    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def remove(paths: list[str]) -> None:

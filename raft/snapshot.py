@@ -22,6 +22,7 @@ from typing import Any
 
 import lmdb
 
+from raft.fileio import fsync_dir, pwrite_all
 from storage import codec, keys
 from storage.db import DB_NAMES, LAST_APPLIED, Store
 
@@ -119,7 +120,7 @@ def _copy_through_pipe(env: lmdb.Environment, fd: int, offset: int, bytes_per_s:
             crc = zlib.crc32(block[:got], crc)
             if direct and got % _ALIGN:
                 direct = _try_direct(fd, False)  # a tail O_DIRECT cannot write (LMDB's copy is whole pages)
-            _pwrite_all(fd, block[:got], offset + length)
+            pwrite_all(fd, block[:got], offset + length)
             length += got
             unsynced += got
             if not direct and unsynced >= _SYNC_EVERY:
@@ -157,12 +158,6 @@ def _fill(read_fd: int, block: memoryview) -> int:
             break
         got += n
     return got
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
 
 
 def write(store: Store, path: str, data: tuple[Any, ...], bytes_per_s: int = 0) -> None:
@@ -301,12 +296,3 @@ def _fsync_file(path: str) -> None:
     finally:
         os.close(fd)
     fsync_dir(path)
-
-
-def fsync_dir(path: str) -> None:
-    """Make a rename or creation of `path` durable."""
-    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from pysyncobj import SERIALIZER_STATE
 
-from raft import snapshot
+from raft import fileio, snapshot
 from storage.db import Store
 
 log = logging.getLogger("schedulerd.snapshot")
@@ -120,7 +120,7 @@ class SnapshotWriter:
         if error is None:
             try:
                 os.replace(self._next, self.path)
-                snapshot.fsync_dir(self.path)
+                fileio.fsync_dir(self.path)
                 self._retire_previous()
                 return SERIALIZER_STATE.SUCCESS
             except Exception as exc:
