@@ -10,8 +10,9 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
+
+from schedulerd.timefmt import US_PER_S, to_iso
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -60,8 +61,11 @@ def alternation(pairs: int) -> list[int]:
 
 
 def iso_us(ts: float) -> str:
-    """Epoch seconds -> the API's ISO 8601 UTC form with microseconds."""
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """Epoch seconds -> the API's ISO 8601 UTC form, to the microsecond. The daemon's own
+    renderer, which caches each second's text: strftime per job was 5 µs of the feeder's
+    CPU at 10,000 jobs/s, taken from the cluster under test on this 2-core box."""
+    seconds = math.floor(ts)
+    return to_iso(seconds * US_PER_S + round((ts - seconds) * US_PER_S))  # rounded as datetime rounds
 
 
 def loadavg() -> tuple[float, float, float]:

@@ -224,22 +224,28 @@ class Client:
                     f"the job with idempotency_key {key!r} may have been created: retry with this key")
             raise OutcomeUnknown(f"{exc.message}; {what}") from exc
 
-    def create_jobs(self, specs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def create_jobs(self, specs: Sequence[Mapping[str, Any]], *, minimal: bool = False) -> list[dict[str, Any]]:
         """Create up to the server's create_batch_max jobs in one entry (`POST /v1/jobs:batch`);
         one result per spec, in order: `{"job_id", "ok", "job"}` or `{"job_id", "ok": false, "error"}`.
+        With `minimal`, created jobs come back as `{"job_id", "ok": true}` alone
+        (`Prefer: return=minimal`), lighter for the server and the wire in a bulk import.
 
         Specs without job_id or idempotency_key get a generated job_id first, so a
         retried request proposes the same jobs; a job an ambiguous earlier attempt
-        created then answers `conflict`, and is fetched and reported as created."""
+        created then answers `conflict`, and is reported as created (fetched, unless minimal)."""
         bodies = [dict(spec) if spec.get("job_id") or spec.get("idempotency_key") is not None
                   else dict(spec, job_id=uuid.uuid4().hex) for spec in specs]
         failures: list[Exception] = []
-        results = self._request("POST", "/v1/jobs:batch", {"jobs": bodies}, failures=failures)["results"]
+        headers = {"Prefer": "return=minimal"} if minimal else None
+        results = self._request("POST", "/v1/jobs:batch", {"jobs": bodies}, failures=failures,
+                                headers=headers)["results"]
         if _maybe_applied(failures):
             for i, r in enumerate(results):
                 error = r.get("error") or {}
                 if not r["ok"] and error.get("code") == Conflict.code and "idempotency_key" not in bodies[i]:
-                    results[i] = {"job_id": r["job_id"], "ok": True, "job": self.get_job(r["job_id"])}
+                    results[i] = {"job_id": r["job_id"], "ok": True}
+                    if not minimal:
+                        results[i]["job"] = self.get_job(r["job_id"])
         return results
 
     def get_job(self, job_id: str) -> dict[str, Any]:

@@ -117,6 +117,8 @@ def operations() -> dict[str, dict[str, Any]]:
                                                              next_cursor=_STR))}},
         "/v1/jobs:batch": {
             "post": {"summary": f"Create up to {Limits.create_batch_max} jobs in one Raft entry", "tags": ["jobs"],
+                     "parameters": [_param("Prefer", "header", _STR,
+                                           "return=minimal: each created job's result without its view.")],
                      "requestBody": _body(_obj(jobs={"type": "array", "items": JOB_CREATE,
                                                      "maxItems": Limits.create_batch_max})),
                      "responses": _ok("One result per job, in order.", ITEM_RESULTS)}},

@@ -117,12 +117,20 @@ def routes(node: Node) -> list[web.RouteDef]:
         if len({s["job_id"] for s in specs}) != len(specs):
             raise InvalidRequest("job_id values in one batch must be distinct")
         results = await _create(node, creates, specs)
-        out = [{"job_id": namespaces.split(r["job_id"])[1], "ok": True, "job": _created_view(node, r)}
-               if r["ok"] else
-               {"job_id": namespaces.split(r["job_id"])[1], "ok": False,
-                "error": {"code": r["code"], "message": r["message"]}}
-               for r in results]
-        return views.respond({"results": out}, status=200)
+        minimal = views.prefers_minimal(request)
+
+        def item(r: dict[str, Any]) -> dict[str, Any]:
+            out: dict[str, Any] = {"job_id": namespaces.split(r["job_id"])[1], "ok": r["ok"]}
+            if not r["ok"]:
+                out["error"] = {"code": r["code"], "message": r["message"]}
+            elif not minimal:
+                out["job"] = _created_view(node, r)
+            return out
+
+        response = views.respond({"results": [item(r) for r in results]}, status=200)
+        if minimal:
+            response.headers["Preference-Applied"] = views.RETURN_MINIMAL
+        return response
 
     async def get(request: web.Request) -> web.Response:
         return views.respond(_job_view(node, _job_id(request)))

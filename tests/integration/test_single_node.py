@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from schedulerd.client import Client
 from schedulerd.worker import Task, Worker
 from tests.integration.harness import http, wait_until
 
@@ -176,3 +177,25 @@ def test_a_poll_of_lease_batch_max_tasks_with_largest_payloads_stays_bounded(mak
     status, acked = node.post("/v1/tasks/ack", {"worker_id": "w-big", "acks": acks})
     assert status == 200 and all(r["ok"] for r in acked["results"])
     assert node.get("/v1/jobs/big-0")[1]["state"] == "completed"
+
+
+def test_a_batch_create_with_prefer_return_minimal_answers_outcomes_without_views(make_cluster) -> None:
+    node = make_cluster(1).nodes[0]
+    later = _iso(datetime.now(timezone.utc) + timedelta(hours=1))
+    assert node.post("/v1/jobs", {"job_id": "taken", "schedule": {"at": later}})[0] == 201
+    jobs = [{"job_id": "m-1", "schedule": {"at": later}}, {"job_id": "taken", "schedule": {"at": later}}]
+    request = urllib.request.Request(node.url + "/v1/jobs:batch", data=json.dumps({"jobs": jobs}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json",
+                                                             "Prefer": "respond-async, return=minimal"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.headers["Preference-Applied"] == "return=minimal"
+        results = json.loads(resp.read())["results"]
+    assert results[0] == {"job_id": "m-1", "ok": True}
+    assert results[1]["ok"] is False and results[1]["error"]["code"] == "conflict"
+    assert node.get("/v1/jobs/m-1")[1]["next_fire_time"] == later
+
+    client = Client([node.url])
+    assert client.create_jobs([{"job_id": "m-2", "schedule": {"at": later}}], minimal=True) == [
+        {"job_id": "m-2", "ok": True}]
+    (full,) = client.create_jobs([{"job_id": "m-3", "schedule": {"at": later}}])
+    assert full["ok"] and full["job"]["job_id"] == "m-3" and full["job"]["state"] == "scheduled"
