@@ -121,6 +121,29 @@ def _keep_next_index_on_late_acks(replica: SyncObj) -> None:
     transport._onMessageReceivedCallback = on_message
 
 
+def _commit_only_what_matched(replica: SyncObj) -> None:
+    """A follower moves its commit index only on an append that matched its log.
+
+    pysyncobj 0.3.17 takes the leader's commit index from every append_entries
+    message, and one that carries a piece of a snapshot (or nothing) never checked
+    the follower's log against the leader's. A cut-off former leader that holds
+    uncommitted entries and is sent a snapshot then "committed" and applied those
+    stale entries, and the snapshot that followed was older than its store, so the
+    replica kept jobs the cluster never committed and missed ones it did
+    (test_group, the cut-off leader tests). Such messages now leave the follower's
+    commit index where it was; the snapshot install sets what it covers, and the
+    next matching append moves the commit index on."""
+    transport = replica._SyncObj__transport
+    handle = transport._onMessageReceivedCallback
+
+    def on_message(node: Any, message: dict[str, Any]) -> None:
+        if message.get("type") == "append_entries" and "prevLogIdx" not in message:
+            message = dict(message, commit_index=min(message["commit_index"], replica.raftCommitIndex))
+        handle(node, message)
+
+    transport._onMessageReceivedCallback = on_message
+
+
 def _fatal_default(message: str) -> None:
     log.critical("fatal_apply_error %s; stopping the node (it replays the entry on restart)", message)
     logging.shutdown()
@@ -186,6 +209,7 @@ class Group:
         journal.make_durable(self.replica, self.journal)
         _backtrack_to_commit_index(self.replica)
         _keep_next_index_on_late_acks(self.replica)
+        _commit_only_what_matched(self.replica)
         snapshot_transfer.pace_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
         snapshot_transfer.answer_pieces(self.replica)
         self._step_down_requested = False
