@@ -6,7 +6,9 @@ first: at 300 jobs/s a group writes ~300 entries/s, so with 1,000,000 jobs in
 the store every replica copied 750 MB about once a minute to drop a journal of a
 few MB. Here a compaction also waits until the journal weighs a share of the
 last snapshot, as Redis sizes its AOF rewrites: the bytes copied stay
-proportional to the bytes journaled, whatever the store's size. A ceiling on
+proportional to the bytes journaled, whatever the store's size. The first
+snapshot comes early instead, after a small journal, since it is the one copy
+made in the tick thread (raft/snapshot_writer.py). A ceiling on
 the journal bounds what a restart reads back and what the journal holds in
 memory (pysyncobj keeps every entry since the snapshot there)."""
 from __future__ import annotations
@@ -21,5 +23,7 @@ def due(entries: int, journal_bytes: int, snapshot_bytes: Callable[[], int], con
     it is asked only when the other conditions hold (the tick calls this every time)."""
     if journal_bytes >= conf.compaction_journal_bytes_max:
         return True
-    return entries > conf.compaction_entries_min and \
-        journal_bytes >= conf.compaction_journal_ratio * snapshot_bytes()
+    if entries > conf.compaction_entries_min:
+        return journal_bytes >= conf.compaction_journal_ratio * snapshot_bytes()
+    # The first copy holds the tick thread (raft/snapshot_writer.py): make it while the store is small.
+    return journal_bytes >= conf.compaction_first_journal_bytes and snapshot_bytes() == 0

@@ -37,6 +37,11 @@ class RaftConfig:
     compaction_entries_min: int = 20_000
     compaction_journal_ratio: float = 0.25
     compaction_journal_bytes_max: int = 128 << 20
+    # A data dir's first snapshot is taken once the journal holds this much. It is copied
+    # in the tick thread, by every replica at the same log index (raft/snapshot_writer.py):
+    # taken by the rules above, a busy new cluster's first copy held all three nodes'
+    # ticks for 0.76 s at once (docs/performance.md, sixteenth round).
+    compaction_first_journal_bytes: int = 1 << 20
     # Snapshot bytes per Raft message when a lagging node is sent the leader's snapshot
     # (pysyncobj's default is 64 KiB); also the socket buffer sizes. The leader queues
     # at most two pieces per follower (raft/snapshot_transfer.py).
@@ -84,6 +89,8 @@ class RaftConfig:
             raise ValueError("compaction_journal_ratio must be within 0..10")
         if self.compaction_journal_bytes_max < 1 << 20:
             raise ValueError("compaction_journal_bytes_max must be at least 1 MiB")
+        if not 0 <= self.compaction_first_journal_bytes <= self.compaction_journal_bytes_max:
+            raise ValueError("compaction_first_journal_bytes must be within 0..compaction_journal_bytes_max")
         if not 1 <= self.groups <= 64:
             raise ValueError("groups must be 1..64")
         for addr in (self.self_addr, *self.peers):

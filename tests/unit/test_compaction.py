@@ -1,6 +1,6 @@
-"""When the Raft log is compacted: never for a few entries, the first time by entries
-alone, afterwards only once the journal weighs its share of the last snapshot, and
-always at the journal ceiling."""
+"""When the Raft log is compacted: the first time after a small journal (that copy is made
+in the tick thread), afterwards never for a few entries and only once the journal weighs
+its share of the last snapshot, and always at the journal ceiling."""
 from __future__ import annotations
 
 import pytest
@@ -13,9 +13,16 @@ CONF = RaftConfig(self_addr="127.0.0.1:9000", compaction_entries_min=20_000, com
                   compaction_journal_bytes_max=128 * MiB)
 
 
+def test_the_first_snapshot_comes_after_a_small_journal_whatever_the_entries() -> None:
+    assert not compaction.due(50, MiB - 1, lambda: 0, CONF)
+    assert compaction.due(50, MiB, lambda: 0, CONF)
+    assert not compaction.due(50, MiB, lambda: 1, CONF)  # not a first one
+
+
 def test_not_before_compaction_entries_min_however_small_the_snapshot() -> None:
-    assert not compaction.due(20_000, 10 * MiB, lambda: 0, CONF)
-    assert compaction.due(20_001, 10 * MiB, lambda: 0, CONF)
+    tiny = 4096
+    assert not compaction.due(20_000, 10 * MiB, lambda: tiny, CONF)
+    assert compaction.due(20_001, 10 * MiB, lambda: tiny, CONF)
 
 
 def test_a_big_store_waits_for_a_journal_of_its_share() -> None:
@@ -27,7 +34,7 @@ def test_a_big_store_waits_for_a_journal_of_its_share() -> None:
 
 def test_the_journal_ceiling_compacts_whatever_else_holds() -> None:
     assert compaction.due(500, 128 * MiB, lambda: 750 * MiB, CONF)
-    assert not compaction.due(500, 128 * MiB - 1, lambda: 0, CONF)
+    assert not compaction.due(500, 128 * MiB - 1, lambda: 750 * MiB, CONF)
 
 
 def test_ratio_zero_is_the_entries_rule_alone() -> None:
@@ -36,7 +43,9 @@ def test_ratio_zero_is_the_entries_rule_alone() -> None:
 
 
 @pytest.mark.parametrize("bad", [dict(compaction_journal_ratio=-0.1), dict(compaction_journal_ratio=11),
-                                 dict(compaction_journal_bytes_max=MiB - 1)])
+                                 dict(compaction_journal_bytes_max=MiB - 1),
+                                 dict(compaction_first_journal_bytes=-1),
+                                 dict(compaction_first_journal_bytes=129 * MiB)])
 def test_out_of_range_settings_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError, match="compaction_journal"):
         RaftConfig(self_addr="127.0.0.1:9000", **bad).validate()
