@@ -47,6 +47,14 @@ def test_sdk_cost_acks_every_task() -> None:
     assert "worker CPU per task:" in proc.stdout
 
 
+def test_answer_cost_times_each_part() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.answer_cost", "--jobs", "1000"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for part in ("request body", "validate", "answer with views", "return=minimal"):
+        assert part in proc.stdout
+
+
 def test_scale_side_by_side_runs_every_window_on_both_clusters(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "-m", "bench", "scale", "--live", "2000", "--baseline-live", "500",
