@@ -41,7 +41,7 @@ class _BatchAnswer(msgspec.Struct):
 _BATCH_ANSWER = msgspec.json.Decoder(_BatchAnswer)
 _ENCODER = msgspec.json.Encoder()
 # Outcomes only: the views a batch create answers with by default cost the serving node
-# ~5 µs of CPU per job, which the cluster under test then lacked on this 2-core box.
+# ~4 µs of CPU per job, which the cluster under test then lacked on this 2-core box.
 _HEADERS = {"Content-Type": "application/json", "Prefer": "return=minimal"}
 
 

@@ -113,7 +113,7 @@ RETURN_MINIMAL = "return=minimal"
 def prefers_minimal(request: web.Request) -> bool:
     """`Prefer: return=minimal` (RFC 7240): a batch create answers each job's outcome without
     its view. An importer of many jobs rarely reads them back, and rendering and sending
-    ~580 bytes per job cost the serving node ~5 µs of CPU per job (docs/performance.md,
+    ~580 bytes per job cost the serving node ~4 µs of CPU per job (docs/performance.md,
     sixteenth round)."""
     return any(part.split(";", 1)[0].strip().lower() == RETURN_MINIMAL
                for value in request.headers.getall("Prefer", ()) for part in value.split(","))
