@@ -19,7 +19,7 @@ from bench.common import iso_us, uptime_line
 from bench.feeder import job_body
 from schedulerd import views
 from schedulerd.config import Limits
-from schedulerd.jobspec import parse_job
+from schedulerd.jobspec import JOB_DEFAULTS, parse_job
 from storage import queries
 
 BATCH = 100  # create_batch_max
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     limits = Limits()
     bodies = [job_body(f"steady-{k:08d}", {"at": iso_us(NOW_US / 1e6 + 5 + k * 1e-4)}) for k in range(BATCH)]
-    stored = [dict(parse_job(body, NOW_US, limits), state="completed", shard=0, next_fire_us=None,
+    stored = [dict(JOB_DEFAULTS, **parse_job(body, NOW_US, limits), state="completed", shard=0, next_fire_us=None,
                    created_us=NOW_US, updated_us=NOW_US, raft_index=1) for body in bodies]
 
     def feeder_body(lo: int) -> None:

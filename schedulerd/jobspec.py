@@ -14,6 +14,7 @@ from schedulerd.errors import InvalidJob, TooLarge
 from schedulerd.limits import Limits
 from schedulerd.timefmt import from_iso
 from storage import cron
+from storage.jobs import SPEC_DEFAULTS
 from storage.model import MisfirePolicy, OverlapPolicy
 
 ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -25,13 +26,8 @@ EVERY_US_MIN = US
 EVERY_US_MAX = 366 * 86_400 * US
 IDEMPOTENCY_KEY_CHARS_MAX = 256
 
-# Storage form of every optional field, with its default.
-JOB_DEFAULTS: dict[str, Any] = {
-    "queue": "default", "payload_json": "null", "max_attempts": 3, "priority": 0,
-    "misfire_policy": MisfirePolicy.FIRE_ONCE.value, "catchup_limit": 100, "starting_deadline_us": None,
-    "overlap_policy": OverlapPolicy.ALLOW.value, "backoff": {"base_ms": 1000, "factor": 2.0, "max_ms": 300_000},
-    "timeout_us": None, "jitter_us": 0, "history_limit": 100, "target": None,
-}
+# Storage form of every optional field, with its default (part of the entry format).
+JOB_DEFAULTS = SPEC_DEFAULTS
 OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "misfire_policy", "catchup_limit",
                  "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit",
                  "target"}
@@ -82,7 +78,8 @@ def parse_schedule(raw: Any, now_us: int, limits: Limits) -> dict[str, Any]:
 
 
 def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None = None) -> dict[str, Any]:
-    """A user's job JSON -> the storage spec (job_id, schedule, queue, payload_json, ...)."""
+    """A user's job JSON -> the spec a create entry carries: job_id, schedule and the
+    storage form of each option given. Apply fills in the others from JOB_DEFAULTS."""
     if not isinstance(raw, dict):
         raise InvalidJob("a job must be a JSON object")
     _only(raw, CREATE_FIELDS, "job")
@@ -91,7 +88,7 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
     job_id = raw.get("job_id") or uuid.uuid4().hex
     if not isinstance(job_id, str) or not ID_RE.match(job_id):
         raise InvalidJob("job_id must be 1-128 characters of A-Z a-z 0-9 _ . -")
-    spec = dict(JOB_DEFAULTS, job_id=job_id, **parse_options(raw, now_us, limits))
+    spec = {"job_id": job_id, **parse_options(raw, now_us, limits)}
     key = idempotency_key if idempotency_key is not None else raw.get("idempotency_key")
     if key is not None:
         if not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_CHARS_MAX:

@@ -27,7 +27,7 @@ def routes(node: Node) -> list[web.RouteDef]:
     creates = Coalescer(node.propose, Op.CREATE_JOBS, "jobs", "results", limits.create_entry_bytes_max,
                         extra=lambda: {"now": node.clock.now_us(), "claim_ahead_us": int(cfg.lookahead_s * views.US),
                                        "grace_us": int(cfg.misfire_grace_s * views.US)},
-                        weight=lambda spec: len(spec["payload_json"]) + SPEC_BYTES_ESTIMATE)
+                        weight=lambda spec: len(spec.get("payload_json", "")) + SPEC_BYTES_ESTIMATE)
 
     async def create(request: web.Request) -> web.Response:
         now = node.clock.now_us()
@@ -215,7 +215,10 @@ def _queue_filter(request: web.Request) -> str | None:
 def _in_namespace(request: web.Request, spec: dict[str, Any]) -> dict[str, Any]:
     """A parsed job spec with its id, queue and idempotency key in the request's namespace."""
     namespace = namespaces.of_request(request)
-    spec.update(job_id=namespaces.inside(namespace, spec["job_id"]), queue=namespaces.inside(namespace, spec["queue"]))
+    if namespace == namespaces.DEFAULT:
+        return spec
+    spec.update(job_id=namespaces.inside(namespace, spec["job_id"]),
+                queue=namespaces.inside(namespace, spec.get("queue", jobspec.JOB_DEFAULTS["queue"])))
     if "idempotency_key" in spec:
         spec["idempotency_key"] = namespaces.inside(namespace, spec["idempotency_key"])
     return spec

@@ -14,8 +14,8 @@ from storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 4
-READABLE_VERSIONS = frozenset({1, 2, 3, 4})
+VERSION = 5
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5})
 # Since 2 (2026-11-30): a pause or an update withdraws the runs claimed ahead of their
 # time (claims.withdraw_ahead); a claim ahead of its time that the overlap rule would
 # skip is deferred.
@@ -27,6 +27,9 @@ CLAIM_AT_CREATE_SINCE = 3
 # Since 4 (2026-12-01): a one-off job's run counts are not stored unless it is triggered;
 # they are counted from its runs when a rule asks (records.job_stats, claims._keeps_stats).
 STATS_KEPT_SINCE = 4
+# Since 5 (2026-12-03): a create entry's jobs carry only the fields their request gave;
+# apply fills in the others from jobs.SPEC_DEFAULTS.
+SPEC_DEFAULTS_SINCE = 5
 
 
 class Op(IntEnum):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage import ops
+from storage.jobs import SPEC_DEFAULTS
 
 S = 1_000_000
 CATCHUP_SPACING_US = 100_000  # missed runs of one job are released this far apart (test_semantics)
@@ -113,6 +114,8 @@ class Model:
         now, ids, out, queued = cmd["now"], Ids(index), [], []
         ahead = cmd.get("claim_ahead_us") if self.entry_version >= 3 else None
         for spec in cmd["jobs"]:
+            if self.entry_version >= 5:  # the entry leaves out the fields that hold their default
+                spec = dict(SPEC_DEFAULTS, **spec)
             if spec["job_id"] in self.jobs:
                 out.append((spec["job_id"], False, "conflict"))
                 continue

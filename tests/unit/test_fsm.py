@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
-from storage import codec, fsm, ops, queries
+from schedulerd import jobspec
+from schedulerd.limits import Limits
+from storage import codec, fsm, keys, ops, queries
+from storage.jobs import SPEC_DEFAULTS
 from storage.leases import FAIR_EVERY
 from storage.model import (JOB_TRANSITIONS, RUN_TRANSITIONS, IllegalTransition, JobEvent, JobState,
                            RunEvent, RunState, job_transition, run_transition)
@@ -65,6 +68,44 @@ def _create_claiming(d: Driver, job_id: str, schedule: dict[str, Any], ahead_s: 
                 **fields)
     return d.apply(Op.CREATE_JOBS, now=T0, jobs=[spec], claim_ahead_us=ahead_s * S, grace_us=5 * S,
                    version=version)
+
+
+def _stored_job_bytes(d: Driver, job_id: str) -> bytes:
+    with d.store.read() as txn:
+        return bytes(txn.get(keys.job_key(job_id), db=d.store.tables.jobs))
+
+
+def test_a_create_entry_carries_only_what_was_given_and_stores_the_whole_job(tmp_path: pathlib.Path) -> None:
+    """Version 5 entries carry each job's given fields; the job stored is byte for byte the
+    one an older entry carrying every field stored."""
+    now = 1_800_000_000 * S
+    spec = jobspec.parse_job({"job_id": "a", "schedule": {"every": "30s"}, "queue": "q", "priority": 0}, now, Limits())
+    assert sorted(spec) == ["job_id", "priority", "queue", "schedule", "schedule_spec"]
+    whole = dict(SPEC_DEFAULTS, **spec)
+    assert len(codec.pack(spec)) < len(codec.pack(whole)) / 2
+    old, new = Driver(str(tmp_path / "old")), Driver(str(tmp_path / "new"))
+    old.apply(Op.CREATE_JOBS, now=now, jobs=[whole], version=4)
+    new.apply(Op.CREATE_JOBS, now=now, jobs=[spec])
+    assert _stored_job_bytes(new, "a") == _stored_job_bytes(old, "a")
+    assert new.job("a")["max_attempts"] == 3 and new.job("a")["backoff"] == SPEC_DEFAULTS["backoff"]
+
+
+def test_an_entry_before_version_5_fills_in_no_defaults(d: Driver) -> None:
+    """An old entry replayed by this build stores what the others stored then."""
+    spec = {"job_id": "old", "schedule": AT, "schedule_spec": {}, "queue": "q", "payload_json": "{}"}
+    d.apply(Op.CREATE_JOBS, now=T0, jobs=[spec], version=4)
+    d.apply(Op.CREATE_JOBS, now=T0, jobs=[dict(spec, job_id="new")])
+    assert "max_attempts" not in d.job("old") and d.job("new")["max_attempts"] == 3
+
+
+def test_the_defaults_a_create_entry_leaves_out_are_those_of_version_5() -> None:
+    """Changing a default changes what an entry of version 5 means: it needs a new version."""
+    assert ops.SPEC_DEFAULTS_SINCE == 5
+    assert SPEC_DEFAULTS == {
+        "queue": "default", "payload_json": "null", "max_attempts": 3, "priority": 0, "misfire_policy": "fire_once",
+        "catchup_limit": 100, "starting_deadline_us": None, "overlap_policy": "allow",
+        "backoff": {"base_ms": 1000, "factor": 2.0, "max_ms": 300_000}, "timeout_us": None, "jitter_us": 0,
+        "history_limit": 100, "target": None}
 
 
 def test_a_new_run_is_stored_with_its_fields_in_the_order_earlier_builds_wrote(d: Driver) -> None:

@@ -325,13 +325,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     def advance(self, dt: int) -> None:
         self.now += dt
 
-    def _spec(self, job_id: str, schedule: tuple[str, int], opts: Rec) -> Rec:
-        return dict(JOB_DEFAULTS, job_id=job_id, schedule=resolve(schedule, self.now), schedule_spec={}, queue="q",
-                    payload_json="{}", **opts)
+    def _spec(self, job_id: str, schedule: tuple[str, int], opts: Rec) -> tuple[Rec, set[str]]:
+        """The whole spec, and the names of the fields a request gave."""
+        return (dict(JOB_DEFAULTS, job_id=job_id, schedule=resolve(schedule, self.now), schedule_spec={}, queue="q",
+                     payload_json="{}", **opts), {"queue", "payload_json", *opts})
 
-    def _create(self, specs: list[Rec], window: tuple[int, int], version: int) -> None:
+    def _create(self, specs: list[tuple[Rec, set[str]]], window: tuple[int, int], version: int) -> None:
         """As the API proposes it: the entry claims what is due within the node's lookahead."""
         lookahead, grace = window
+        if version >= ops.SPEC_DEFAULTS_SINCE:  # as the API sends them: only the fields given
+            specs = [{k: v for k, v in spec.items() if k not in JOB_DEFAULTS or k in given} for spec, given in specs]
+        else:
+            specs = [spec for spec, _ in specs]
         self.propose(Op.CREATE_JOBS, self.model.create, version, now=self.now, jobs=specs, claim_ahead_us=lookahead,
                      grace_us=grace)
 
