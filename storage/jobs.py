@@ -10,7 +10,7 @@ from storage.records import Ctx, Record
 
 # Every optional field of a job, with its default: the API's (schedulerd/jobspec.py) and
 # part of the entry format. A create entry of version 5 on carries, of each job, only the
-# fields its request gave (~110 bytes of a bench job's ~310), and apply fills in the rest
+# fields its request gave (~135 bytes of a bench job's ~340), and apply fills in the rest
 # from this table. A change to it needs a new entry version: a replica replaying an older
 # entry would otherwise store other bytes than the others did.
 SPEC_DEFAULTS: dict[str, Any] = {
