@@ -77,8 +77,9 @@ def phases(replica: Replica, jobs: int, ahead_us: int, prefix: str = "bench",
 
     def create() -> None:
         for batch in _chunks(ids, CREATE_BATCH):
+            # The fields a request gives, as the API sends them (entry version 5).
             specs = [{"job_id": job_id, "schedule": {"kind": "at", "at_us": due}, "schedule_spec": {},
-                      "queue": "bench", "payload_json": '{"n": 1}'} for job_id in batch]  # the fields given, as the API sends them
+                      "queue": "bench", "payload_json": '{"n": 1}'} for job_id in batch]
             result = replica.apply(Op.CREATE_JOBS, {"now": due - LEAD_US, "jobs": specs, "grace_us": GRACE_US,
                                                     "claim_ahead_us": ahead_us})
             run_ids.extend(result["runs"])

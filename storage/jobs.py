@@ -12,7 +12,9 @@ from storage.records import Ctx, Record
 # part of the entry format. A create entry of version 5 on carries, of each job, only the
 # fields its request gave (~135 bytes of a bench job's ~340), and apply fills in the rest
 # from this table. A change to it needs a new entry version: a replica replaying an older
-# entry would otherwise store other bytes than the others did.
+# entry would otherwise store other bytes than the others did. Its values (the backoff
+# dict among them) end up shared by every job apply builds, so nothing mutates a record's
+# values in place: changes make new dicts (jobspec._backoff, dict(run, ...)).
 SPEC_DEFAULTS: dict[str, Any] = {
     "queue": "default", "payload_json": "null", "max_attempts": 3, "priority": 0,
     "misfire_policy": MisfirePolicy.FIRE_ONCE.value, "catchup_limit": 100, "starting_deadline_us": None,
