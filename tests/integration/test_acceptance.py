@@ -4,11 +4,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
 import pytest
 
+from schedulerd.main import RAFT_PORT_OFFSET
 from tests.integration.harness import ROOT, free_ports, http, wait_until
 
 pytestmark = pytest.mark.integration
@@ -59,10 +61,36 @@ def test_schedctl_against_a_real_node(make_cluster) -> None:
     assert out.returncode == 1 and "error: unavailable:" in out.stderr
 
 
+def _dev_cluster_ports(base: int, nodes: int) -> list[int]:
+    """Every port `dev-cluster --base-port base` binds: HTTP base + i, Raft as main.dev_cluster lays it out."""
+    return [base + i for i in range(nodes)] + [base + RAFT_PORT_OFFSET + 100 * i for i in range(nodes)]
+
+
+def _all_free(ports: list[int]) -> bool:
+    for port in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def _dev_cluster_base(nodes: int) -> int:
+    """A base port whose whole layout is free now. One free port alone was not enough: under the
+    full suite a node's HTTP or Raft port above it was sometimes held by another socket, that
+    node could not start, and the test waited out its 40 s for it."""
+    for _ in range(50):
+        base = free_ports(1)[0]
+        ports = _dev_cluster_ports(base, nodes)
+        if max(ports) <= 65535 and _all_free(ports):
+            return base
+    pytest.skip("found no base port with the whole dev-cluster layout free")
+
+
 def test_dev_cluster_starts_three_nodes_and_stops_them(tmp_path) -> None:
-    base = free_ports(1)[0]
-    if base + 1200 + 3 > 65535:
-        pytest.skip("no room for the dev-cluster port layout above this free port")
+    base = _dev_cluster_base(3)
     proc = subprocess.Popen([sys.executable, "-m", "schedulerd.main", "dev-cluster", "--nodes", "3",
                              "--base-port", str(base), "--data-dir", str(tmp_path / "dev")], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
