@@ -40,15 +40,18 @@ GRACE_US = 5 * S
 
 
 class Replica:
-    def __init__(self, path: str) -> None:
-        self.store = Store(path, 0, 8 << 30)
+    def __init__(self, path: str, store: type[Store] = Store) -> None:
+        self.store = store(path, 0, 8 << 30)
         self.index = 0
         self.entry_bytes = 0  # of every entry applied: what each replica's journal writes, besides framing
+        self.kept: list[bytes] | None = None  # every entry applied, when a list is set here
 
     def apply(self, op: Op, payload: dict[str, Any]) -> dict[str, Any]:
         self.index += 1
         blob = ops.encode(op, payload)
         self.entry_bytes += len(blob)
+        if self.kept is not None:
+            self.kept.append(blob)
         _, result = fsm.apply(self.store, self.index, blob)
         self.store.commit_applied()
         return result

@@ -40,6 +40,15 @@ def test_apply_cost_runs_every_phase(tmp_path: pathlib.Path) -> None:
         assert f"  {phase} " in proc.stdout
 
 
+def test_writeset_cost_rebuilds_the_leaders_store_from_write_sets_alone(tmp_path: pathlib.Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.writeset_cost", "--jobs", "300", "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for phase in ("create", "lease", "ack"):
+        assert f"  {phase} " in proc.stdout
+    assert "store is identical to the leader's" in proc.stdout
+
+
 def test_sdk_cost_acks_every_task() -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.sdk_cost", "--tasks", "2000", "--log-info"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
