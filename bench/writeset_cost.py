@@ -1,6 +1,6 @@
 """What a follower would pay if it applied the leader's write sets instead of
 re-running the state machine: the design docs/decisions.md weighs under
-"Followers re-run the state machine".
+"Followers still re-run the state machine".
 
     python -m bench.writeset_cost [--jobs 20000] [--data-root DIR]
 
@@ -13,8 +13,8 @@ each phase it prints the leader's apply (recording included), the follower's
 write-set apply, and the bytes per job of the command entry and of its write
 set: the journal and the network would carry both. The last two columns are
 what pysyncobj's transport spends to send each (pickle and zlib), per follower,
-on the leader. It ends by checking that the
-follower's store is byte for byte the leader's."""
+on the leader. It ends by checking that the follower's store is byte for byte
+the leader's."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +29,7 @@ from typing import Any
 
 import lmdb
 
-from bench.apply_cost import Replica, phases
+from bench.apply_cost import S, Replica, phases
 from bench.common import BenchError, uptime_line
 from schedulerd.config import NodeConfig
 from schedulerd.gctune import tune_gc
@@ -63,8 +63,10 @@ class RecordingTxn:
         return stored
 
     def delete(self, key: bytes, db: Any = None) -> bool:
-        self._writes.append([self._table_no[db], key, None])
-        return self._txn.delete(key, db=db)
+        deleted = self._txn.delete(key, db=db)
+        if deleted:
+            self._writes.append([self._table_no[db], key, None])
+        return deleted
 
 
 class RecordingStore(Store):
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         recorded = leader.store
         assert isinstance(recorded, RecordingStore)
         follower = Follower(os.path.join(path, "follower"))
-        for name, run in phases(leader, args.jobs, 12_000_000):
+        for name, run in phases(leader, args.jobs, 12 * S):  # apply_cost's default claim-ahead
             entry_bytes, recorded.writes, leader.kept = leader.entry_bytes, [], []
             started = time.perf_counter()
             run()
