@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from bench import profile
+from bench import profile, series
 from bench.aps_peer import ApsSystem
 from bench.celery_peer import CelerySystem
 from bench.common import FIND_MAX_P99_S_MAX, WORKER_SLOTS, BenchError, fmt, ratio, summarize, uptime_line
@@ -145,8 +145,14 @@ def steady_once(system: Any, rate: float, duration_s: float, lead_s: float, drai
                 profile_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
     plan = OneOff.steady(prefix, lead_s + 2.0, rate, duration_s, lead_s, time.time())
     prof = _start_profile(system, plan.t0 + min(5.0, duration_s / 4), profile_s, prefix)
-    records, info = system.oneoff(plan, drain_s)
+    busy = series.BusySampler()
+    busy.start()
+    try:
+        records, info = system.oneoff(plan, drain_s)
+    finally:
+        busy.stop()
     stats = summarize(records, plan.count, plan.t0)
+    info["series"] = series.windows(records, plan.t0, busy.samples)
     info["box_slowdown"] = PROBE.slowdown(plan.t0, plan.t0 + duration_s)
     if prof is not None:
         prof.join(profile_s + 90)
@@ -179,6 +185,7 @@ def steady(opts: Options, rate: float, duration_s: float, lead_s: float, drain_s
     _lateness_rows(report, stats)
     report.add("creates answered after the job's due time", {s: i.get("late_creates") for s, i in infos.items()}, None)
     _cpu_rows(report, infos)
+    report.notes += [series.render(name, info["series"]) for name, info in infos.items()]
     report.raw.update(stats=stats, infos=infos)
     return report
 
