@@ -46,28 +46,27 @@ def _busy_cores(samples: list[tuple[float, float]], t0: float, t1: float) -> flo
     return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
-def windows(records: list[Record], t_first_due: float, samples: list[tuple[float, float]],
-            window_s: float = WINDOW_S) -> list[dict[str, Any]]:
-    """One row per window from the first due time until the last start."""
+def windows(records: list[Record], t_first_due: float, samples: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    """One row per WINDOW_S from the first due time until the last start."""
     if not records:
         return []
-    count = int(max(0.0, max(r.start for r in records) - t_first_due) // window_s) + 1
+    count = int(max(0.0, max(r.start for r in records) - t_first_due) // WINDOW_S) + 1
     started = [0] * count
     late: list[list[float]] = [[] for _ in range(count)]
     for r in records:
-        k = int((r.start - t_first_due) // window_s)
+        k = int((r.start - t_first_due) // WINDOW_S)
         if 0 <= k < count:
             started[k] += 1
-        k = int((r.due - t_first_due) // window_s)
+        k = int((r.due - t_first_due) // WINDOW_S)
         if 0 <= k < count:
             late[k].append(r.start - r.due)
     rows = []
     for k in range(count):
-        a, b = t_first_due + k * window_s, t_first_due + (k + 1) * window_s
-        per_s = started[k] / window_s
+        a, b = t_first_due + k * WINDOW_S, t_first_due + (k + 1) * WINDOW_S
+        per_s = started[k] / WINDOW_S
         cores = _busy_cores(samples, a, b)
         rows.append({
-            "from_s": k * window_s, "started_per_s": per_s, "due": len(late[k]),
+            "from_s": k * WINDOW_S, "started_per_s": per_s, "due": len(late[k]),
             "due_p99_s": percentile(sorted(late[k]), 99) if late[k] else None,
             "box_cores": cores,
             # Under one start a second (a drain's last stragglers) the ratio says nothing.
