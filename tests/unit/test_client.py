@@ -1,4 +1,8 @@
-"""schedulerd.client against the in-memory fake cluster (tests/unit/fakeserver.py)."""
+"""schedulerd.client against the in-memory fake cluster (tests/unit/fakeserver.py).
+
+A test that needs an answer inside a deadline gives it seconds, not tenths. The fake
+server's threads share a loaded 2-core box with the rest of the suite. With deadlines of
+0.3 s and 1 s (half of it per attempt), one of these tests failed once in a full run."""
 from __future__ import annotations
 
 import time
@@ -102,9 +106,9 @@ def test_a_silent_server_times_out_and_the_next_one_answers(two):
     cluster, (silent, good) = two
     cluster.fail_next("GET", "/healthz", HANG, port=silent.port)
     started = time.monotonic()
-    assert Client([silent.url, good.url], timeout_s=1.0).health() == {"ok": True}
+    assert Client([silent.url, good.url], timeout_s=3.0).health() == {"ok": True}
     # The silent server got half the deadline, not all of it.
-    assert time.monotonic() - started < 0.9
+    assert time.monotonic() - started < 2.9
 
 
 # -- errors ---------------------------------------------------------------------
@@ -156,7 +160,7 @@ def test_create_retried_after_a_dropped_connection_returns_the_first_attempts_jo
 def test_create_retried_after_a_timeout_returns_the_job_from_another_server(two):
     cluster, (silent, good) = two
     cluster.fail_next("POST", "/v1/jobs", HANG, port=silent.port)
-    job = Client([silent.url, good.url], timeout_s=1.0).create_job(
+    job = Client([silent.url, good.url], timeout_s=3.0).create_job(
         {"job_id": "j1", "schedule": AT})
     assert job["job_id"] == "j1"
     assert [s.port for s in cluster.requests("POST", "/v1/jobs")] == [silent.port, good.port]
@@ -174,7 +178,7 @@ def test_create_that_never_gets_an_answer_says_which_job_id_to_retry(one):
     cluster, server = one
     cluster.fail_next("POST", "/v1/jobs", OUTCOME_UNKNOWN, times=1000)
     with pytest.raises(OutcomeUnknown) as caught:
-        Client(server.url, timeout_s=0.3).create_job({"schedule": AT})
+        Client(server.url, timeout_s=1.0).create_job({"schedule": AT})
     [job_id] = cluster.jobs
     assert f"job {job_id!r} may have been created" in caught.value.message
 
@@ -371,7 +375,7 @@ def test_create_with_a_key_that_never_gets_an_answer_says_to_retry_with_the_key(
     cluster, server = one
     cluster.fail_next("POST", "/v1/jobs", OUTCOME_UNKNOWN, times=1000)
     with pytest.raises(OutcomeUnknown, match="idempotency_key 'k' may have been created"):
-        Client(server.url, timeout_s=0.3).create_job({"schedule": AT, "idempotency_key": "k"})
+        Client(server.url, timeout_s=1.0).create_job({"schedule": AT, "idempotency_key": "k"})
 
 
 # -- dead letters and preview --------------------------------------------------------------
