@@ -12,8 +12,9 @@ from tests.integration.harness import Cluster
 def make_cluster(tmp_path: pathlib.Path) -> Iterator:
     clusters: list[Cluster] = []
 
-    def make(n: int, extra_args: list[str] | None = None, token: str | None = None, ready: bool = True) -> Cluster:
-        cluster = Cluster.create(str(tmp_path), n, extra_args, token)
+    def make(n: int, extra_args: list[str] | None = None, token: str | None = None, ready: bool = True,
+             groups: int = 1) -> Cluster:
+        cluster = Cluster.create(str(tmp_path), n, extra_args, token, groups)
         clusters.append(cluster)
         cluster.start(wait=ready)
         return cluster

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -121,9 +122,12 @@ class Cluster:
 
     @classmethod
     def create(cls, base_dir: str, n: int, extra_args: list[str] | None = None,
-               token: str | None = None) -> "Cluster":
-        ports = free_ports(2 * n)
-        raft = [f"127.0.0.1:{ports[n + i]}" for i in range(n)]
+               token: str | None = None, groups: int = 1) -> "Cluster":
+        """With groups > 1, node i's group g listens on its Raft port + g (--groups)."""
+        ports = free_port_runs(2 * n, groups)  # HTTP ports first; a run of `groups` is harmless there
+        raft = [f"127.0.0.1:{port}" for port in ports[n:]]
+        if groups > 1:
+            extra_args = [*(extra_args or []), "--groups", str(groups)]
         nodes = [NodeProc(f"n{i}", ports[i], raft[i], [r for j, r in enumerate(raft) if j != i],
                           os.path.join(base_dir, f"n{i}"), os.path.join(base_dir, f"n{i}.log"),
                           extra_args=list(extra_args or []), token=token)
@@ -163,6 +167,38 @@ class Cluster:
             return applied.pop() if len(applied) == 1 and commits == {max(commits)} and \
                 max(commits) == min(applied | {max(commits)}) else None
         return wait_until(same, timeout_s, "nodes to converge", interval_s=0.2)
+
+
+def free_port_runs(n: int, width: int) -> list[int]:
+    """n first ports of `width` consecutive ports each, all free a moment ago."""
+    held: list[socket.socket] = []
+    firsts: list[int] = []
+    try:
+        while len(firsts) < n:
+            run = [_bound(0)]
+            held.append(run[0])
+            first = run[0].getsockname()[1]
+            try:
+                for offset in range(1, width):
+                    run.append(_bound(first + offset))
+                    held.append(run[-1])
+            except OSError:
+                continue  # the next port is taken: keep this one held so it is not drawn again
+            firsts.append(first)
+        return firsts
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _bound(port: int) -> socket.socket:
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def lmdb_digest(path: str) -> str:
