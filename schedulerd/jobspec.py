@@ -109,8 +109,11 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
                   backoff_base: dict[str, Any] | None = None) -> dict[str, Any]:
     """The storage form of each option present in raw (create fills the rest from JOB_DEFAULTS).
 
-    A partial `backoff` is completed from backoff_base (an update passes the job's
-    current backoff, so changing one part keeps the others)."""
+    A create's partial `backoff` is completed from the defaults. An update passes the
+    job's backoff as this node reads it (backoff_base): the parts given are checked
+    against it at once, and only they go into the entry. Apply completes them from the
+    job as stored then (storage/jobs.update_job), so two concurrent updates of different
+    parts both land."""
     out: dict[str, Any] = {}
     if "schedule" in raw:
         out["schedule"] = parse_schedule(raw["schedule"], now_us, limits)
@@ -136,7 +139,8 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
                 continue
             out[field] = int(_number_in(raw[name], name, low, high) * US)
     if "backoff" in raw:
-        out["backoff"] = _backoff(raw["backoff"], backoff_base or JOB_DEFAULTS["backoff"])
+        backoff = _backoff(raw["backoff"], backoff_base or JOB_DEFAULTS["backoff"])
+        out["backoff"] = backoff if backoff_base is None else {part: backoff[part] for part in raw["backoff"]}
     if "target" in raw:
         out["target"] = targets.parse_target(raw["target"], limits)
     return out

@@ -172,9 +172,17 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         return _fail("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
         return _fail("conflict", f"job {job_id!r} is cancelled")
+    changes = {k: v for k, v in changes.items() if k in UPDATABLE}
+    if "backoff" in changes and ctx.version >= ops.BACKOFF_PARTS_SINCE:
+        stored = job.get("backoff") or SPEC_DEFAULTS["backoff"]
+        backoff = {**stored, **changes["backoff"]}
+        if backoff["max_ms"] < backoff["base_ms"]:
+            return _fail("invalid_job", f"backoff.max_ms ({backoff['max_ms']}) must be at least backoff.base_ms "
+                                        f"({backoff['base_ms']}); job {job_id!r} now has backoff {stored}")
+        changes["backoff"] = backoff
     claims.withdraw_ahead(ctx, job, cmd["now"])
     old_fire, was = job["next_fire_us"], job["state"]
-    job.update({k: v for k, v in changes.items() if k in UPDATABLE}, updated_us=now)
+    job.update(changes, updated_us=now)
     if "schedule" in changes:
         job["schedule"] = _anchored(changes["schedule"], now)
     if "schedule" in changes and job["state"] != JobState.PAUSED:

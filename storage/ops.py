@@ -14,8 +14,8 @@ from storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 5
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5})
+VERSION = 6
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
 # Since 2 (2026-11-30): a pause or an update withdraws the runs claimed ahead of their
 # time (claims.withdraw_ahead); a claim ahead of its time that the overlap rule would
 # skip is deferred.
@@ -30,6 +30,10 @@ STATS_KEPT_SINCE = 4
 # Since 5 (2026-12-03): a create entry's jobs carry only the fields their request gave;
 # apply fills in the others from jobs.SPEC_DEFAULTS.
 SPEC_DEFAULTS_SINCE = 5
+# Since 6 (2026-12-03): an update's backoff may carry only some of its parts; apply
+# completes them from the job's backoff as stored, and refuses a result whose max_ms is
+# below its base_ms (jobs.update_job).
+BACKOFF_PARTS_SINCE = 6
 
 
 class Op(IntEnum):

@@ -55,6 +55,9 @@ def test_pause_resume_update_trigger_cancel(make_cluster) -> None:
     status, b1 = http("PATCH", node.url + "/v1/jobs/rep", {"backoff": {"factor": 3}})
     status, b2 = http("PATCH", node.url + "/v1/jobs/rep", {"backoff": {"base_ms": 500}})
     assert status == 200 and b2["backoff"] == {"base_ms": 500, "factor": 3.0, "max_ms": 300000}
+    status, err = http("PATCH", node.url + "/v1/jobs/rep", {"backoff": {"max_ms": 100}, "priority": 1})
+    assert status == 400 and "backoff.max_ms (100) must be at least backoff.base_ms (500)" in err["error"]["message"]
+    assert node.get("/v1/jobs/rep")[1]["priority"] == 7
     status, err = http("PATCH", node.url + "/v1/jobs/rep", {"job_id": "other"})
     assert status == 400 and "job_id" in err["error"]["message"]
 

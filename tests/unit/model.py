@@ -201,9 +201,14 @@ class Model:
             return (False, "not_found"), True
         if job["state"] == "cancelled":
             return (False, "conflict"), True
+        changes = {k: v for k, v in cmd["changes"].items() if k != "schedule_spec"}
+        if "backoff" in changes and self.entry_version >= ops.BACKOFF_PARTS_SINCE:
+            # The parts given, over the job's backoff as stored when the entry applies.
+            changes["backoff"] = {**(job.get("backoff") or SPEC_DEFAULTS["backoff"]), **changes["backoff"]}
+            if changes["backoff"]["max_ms"] < changes["backoff"]["base_ms"]:
+                return (False, "invalid_job"), True
         self._withdraw_ahead(job, cmd)
-        changes = cmd["changes"]
-        job.update({k: v for k, v in changes.items() if k != "schedule_spec"})
+        job.update(changes)
         if "schedule" in changes and job["state"] != "paused":
             job["next_fire_us"] = first_fire(job["schedule"])
             if job["state"] == "completed":

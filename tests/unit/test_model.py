@@ -33,6 +33,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from schedulerd.jobspec import JOB_DEFAULTS
 from storage import keys, ops, queries, records
 from storage.db import DB_NAMES, LAST_APPLIED
+from storage.jobs import SPEC_DEFAULTS
 from storage.model import JOB_TRANSITIONS, RUN_TRANSITIONS
 from storage.ops import Op
 from storage.codec import unpack
@@ -92,8 +93,12 @@ OPTIONS = {
     "jitter_us": st.sampled_from([0, 0, 0, 1_500_000]),
     "backoff": BACKOFFS,
 }
+# An update's backoff names some of its parts; {"max_ms": 100} is below every base_ms
+# the jobs have, so apply refuses it.
+BACKOFF_PARTS = st.sampled_from([{"base_ms": 200}, {"max_ms": 1000}, {"factor": 3.0}, {"max_ms": 100},
+                                 {"base_ms": 1000, "factor": 2.0, "max_ms": 300_000}])
 CHANGES = st.fixed_dictionaries({}, optional={
-    "schedule": SCHEDULES, "payload_json": st.sampled_from(['"v2"', "{}"]),
+    "schedule": SCHEDULES, "payload_json": st.sampled_from(['"v2"', "{}"]), "backoff": BACKOFF_PARTS,
     **{k: OPTIONS[k] for k in ("priority", "max_attempts", "starting_deadline_us", "timeout_us",
                                "overlap_policy", "misfire_policy", "history_limit", "catchup_limit")}})
 ZOMBIE_OPS = st.sampled_from([Op.ACK, Op.NACK, Op.HEARTBEAT, Op.EXPIRE_LEASES])
@@ -367,6 +372,14 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(job_id=st.sampled_from(TARGETS), changes=CHANGES, version=VERSIONS)
     def update(self, job_id: str, changes: Rec, version: int) -> None:
+        if "backoff" in changes and version < ops.BACKOFF_PARTS_SINCE:
+            # Builds before it sent the whole backoff, completed from the job as they read it.
+            job = self.model.jobs.get(job_id)
+            whole = {**(job.get("backoff") or SPEC_DEFAULTS["backoff"]), **changes["backoff"]} if job else None
+            if whole is None or whole["max_ms"] < whole["base_ms"]:
+                changes = {k: v for k, v in changes.items() if k != "backoff"}
+            else:
+                changes = dict(changes, backoff=whole)
         if "schedule" in changes:
             changes = dict(changes, schedule=resolve(changes["schedule"], self.now), schedule_spec={})
         self.propose(Op.UPDATE_JOB, self.model.update, version, now=self.now, job_id=job_id, changes=changes)

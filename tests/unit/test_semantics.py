@@ -237,6 +237,35 @@ def test_update_rearms_a_completed_one_off(d: Driver) -> None:
     assert d.job("a")["state"] == JobState.SCHEDULED and d.job("a")["next_fire_us"] == T0 + 50 * S
 
 
+def test_updates_of_different_backoff_parts_both_land(d: Driver) -> None:
+    """Two PATCHes read the same backoff and each sends only its part: apply completes
+    each from the job as stored then, so the second keeps the first's change."""
+    d.create("a", EVERY5)
+    assert d.apply(Op.UPDATE_JOB, now=T0 + S, job_id="a", changes={"backoff": {"factor": 3.0}})["ok"]
+    assert d.apply(Op.UPDATE_JOB, now=T0 + S, job_id="a", changes={"backoff": {"base_ms": 500}})["ok"]
+    assert d.job("a")["backoff"] == {"base_ms": 500, "factor": 3.0, "max_ms": 300_000}
+
+
+def test_a_backoff_part_that_breaks_the_stored_backoff_is_refused_whole(d: Driver) -> None:
+    """max_ms below the base_ms another update stored meanwhile: refused, nothing changes,
+    the other fields of the same update included."""
+    d.create("a", EVERY5, backoff={"base_ms": 1000, "factor": 2.0, "max_ms": 300_000})
+    assert d.apply(Op.UPDATE_JOB, now=T0 + S, job_id="a", changes={"backoff": {"base_ms": 60_000}})["ok"]
+    before = d.job("a")
+    result = d.apply(Op.UPDATE_JOB, now=T0 + 2 * S, job_id="a",
+                     changes={"backoff": {"max_ms": 30_000}, "priority": 7})
+    assert result["code"] == "invalid_job" and "backoff.max_ms (30000) must be at least" in result["message"]
+    assert d.job("a") == before
+
+
+def test_an_entry_from_before_backoff_parts_replaces_the_backoff(d: Driver) -> None:
+    """Version 5 builds sent the whole backoff; its entries keep meaning that on replay."""
+    d.create("a", EVERY5)
+    whole = {"base_ms": 200, "factor": 3.0, "max_ms": 1000}
+    assert d.apply(Op.UPDATE_JOB, version=5, now=T0 + S, job_id="a", changes={"backoff": whole})["ok"]
+    assert d.job("a")["backoff"] == whole
+
+
 def _claim_ahead(d: Driver, job_id: str, now: int, lookahead: int = 12 * S) -> str:
     """The leader's scan at `now` claims job_id's next occurrence, due within `lookahead`."""
     (run_id,) = d.apply(Op.CLAIM_BATCH, now=now, grace_us=5 * S,
