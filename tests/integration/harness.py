@@ -175,15 +175,13 @@ def free_port_runs(n: int, width: int) -> list[int]:
     firsts: list[int] = []
     try:
         while len(firsts) < n:
-            run = [_bound(0)]
-            held.append(run[0])
-            first = run[0].getsockname()[1]
+            held.append(_bound(0))
+            first = held[-1].getsockname()[1]
             try:
                 for offset in range(1, width):
-                    run.append(_bound(first + offset))
-                    held.append(run[-1])
+                    held.append(_bound(first + offset))
             except OSError:
-                continue  # the next port is taken: keep this one held so it is not drawn again
+                continue  # a later port is taken: what is bound stays held, so it is not drawn again
             firsts.append(first)
         return firsts
     finally:
