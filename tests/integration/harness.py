@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from bench.common import free_ports  # noqa: F401  (re-exported: tests import it from here)
+from schedulerd.worker import Task, Worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -48,6 +49,15 @@ def running(worker: Any) -> Iterator[Any]:
     finally:
         worker.stop()
         thread.join(15)
+
+
+def recording_worker(urls: list[str], queue: str) -> tuple[Worker, list[Task]]:
+    """A worker of 16 slots whose handler for `queue` appends each task it runs to the list
+    (list.append is atomic: the test thread may read the list while the worker's threads add)."""
+    worker = Worker(servers=urls, concurrency=16, wait_s=2)
+    executions: list[Task] = []
+    worker.handler(queue)(executions.append)
+    return worker, executions
 
 
 def http(method: str, url: str, body: Any = None, timeout_s: float = 10.0,

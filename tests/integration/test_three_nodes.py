@@ -13,8 +13,7 @@ import pytest
 
 from schedulerd.client import Client
 from schedulerd.errors import SchedulerError
-from schedulerd.worker import Task, Worker
-from tests.integration.harness import lmdb_digest, wait_until
+from tests.integration.harness import lmdb_digest, recording_worker, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -28,15 +27,7 @@ def _iso(dt: datetime) -> str:
 def test_leader_kill_loses_nothing_and_replicas_converge(make_cluster) -> None:
     cluster = make_cluster(3)
     client = Client(cluster.urls, timeout_s=20)
-    executions: list[Task] = []
-    lock = threading.Lock()
-    worker = Worker(servers=cluster.urls, concurrency=16, wait_s=2)
-
-    @worker.handler("work")
-    def handle(task: Task) -> None:
-        with lock:
-            executions.append(task)
-
+    worker, executions = recording_worker(cluster.urls, "work")
     worker_thread = threading.Thread(target=worker.run, daemon=True)
     worker_thread.start()
 
@@ -59,9 +50,7 @@ def test_leader_kill_loses_nothing_and_replicas_converge(make_cluster) -> None:
         assert len(accepted) >= JOBS * 0.9, f"only {len(accepted)} of {JOBS} creates were accepted"
 
         def all_ran() -> bool:
-            with lock:
-                done = {t.job_id for t in executions}
-            return accepted <= done
+            return accepted <= {t.job_id for t in executions}
         wait_until(all_ran, 60, "every accepted job to run")
 
         leader.start()
