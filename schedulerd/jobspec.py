@@ -13,7 +13,7 @@ from schedulerd import targets
 from schedulerd.errors import InvalidJob, TooLarge
 from schedulerd.limits import Limits
 from schedulerd.timefmt import from_iso
-from storage import cron
+from storage import cron, retry
 from storage.jobs import SPEC_DEFAULTS
 from storage.model import MisfirePolicy, OverlapPolicy
 
@@ -157,8 +157,9 @@ def _backoff(raw: Any, base: dict[str, Any]) -> dict[str, Any]:
         b["factor"] = float(_number_in(raw["factor"], "backoff.factor", 1, 10))
     if "max_ms" in raw:
         b["max_ms"] = _int_in(raw["max_ms"], "backoff.max_ms", 1, 86_400_000)
-    if b["max_ms"] < b["base_ms"]:
-        raise InvalidJob(f"backoff.max_ms ({b['max_ms']}) must be at least backoff.base_ms ({b['base_ms']})")
+    problem = retry.backoff_problem(b)
+    if problem:
+        raise InvalidJob(problem)
     return b
 
 

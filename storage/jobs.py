@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import claims, codec, cron, keys, ops, records
+from storage import claims, codec, cron, keys, ops, records, retry
 from storage.model import (JOB_SCHEDULED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason, RunEvent, RunState,
                            job_transition, run_transition)
 from storage.records import Ctx, Record
@@ -174,12 +174,11 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         return _fail("conflict", f"job {job_id!r} is cancelled")
     changes = {k: v for k, v in changes.items() if k in UPDATABLE}
     if "backoff" in changes and ctx.version >= ops.BACKOFF_PARTS_SINCE:
-        stored = job.get("backoff") or SPEC_DEFAULTS["backoff"]
-        backoff = {**stored, **changes["backoff"]}
-        if backoff["max_ms"] < backoff["base_ms"]:
-            return _fail("invalid_job", f"backoff.max_ms ({backoff['max_ms']}) must be at least backoff.base_ms "
-                                        f"({backoff['base_ms']}); job {job_id!r} now has backoff {stored}")
-        changes["backoff"] = backoff
+        stored = job.get("backoff") or retry.DEFAULT_BACKOFF
+        changes["backoff"] = {**stored, **changes["backoff"]}
+        problem = retry.backoff_problem(changes["backoff"])
+        if problem:
+            return _fail("invalid_job", f"{problem}; job {job_id!r} now has backoff {stored}")
     claims.withdraw_ahead(ctx, job, cmd["now"])
     old_fire, was = job["next_fire_us"], job["state"]
     job.update(changes, updated_us=now)

@@ -10,6 +10,14 @@ DEFAULT_BACKOFF = {"base_ms": 1000, "factor": 2.0, "max_ms": 300_000}
 JITTER_SPREAD = 0.2  # delays land in [0.8, 1.2) of the exponential value, capped at max_ms
 
 
+def backoff_problem(backoff: dict[str, Any]) -> str | None:
+    """What is wrong with a whole backoff, or None: the API checks a request with it, and
+    apply checks an update's parts laid over the backoff stored (jobs.update_job)."""
+    if backoff["max_ms"] < backoff["base_ms"]:
+        return f"backoff.max_ms ({backoff['max_ms']}) must be at least backoff.base_ms ({backoff['base_ms']})"
+    return None
+
+
 def backoff_us(backoff: dict[str, Any] | None, job_id: str, scheduled_us: int, attempt: int) -> int:
     """Delay before attempt+1 after `attempt` failed (attempt counts from 1)."""
     b = backoff or DEFAULT_BACKOFF
