@@ -14,6 +14,7 @@ from schedulerd.auth import TokenFile
 from schedulerd.errors import InvalidRequest, SchedulerError, Unavailable, status_of
 from schedulerd.timefmt import to_iso
 from schedulerd.lease_queue import LeaseQueue
+from schedulerd.limits import Limits
 from schedulerd.metrics import Metrics
 from schedulerd.node import Node
 from storage.db import last_applied
@@ -70,6 +71,13 @@ def auth_middleware(tokens: TokenFile | None) -> Any:
         return await handler(request)
 
     return check
+
+
+def server_options(limits: Limits) -> dict[str, Any]:
+    """What aiohttp's server enforces before any handler runs: line, header and header-time limits."""
+    return {"access_log": None, "max_line_size": limits.header_line_bytes_max,
+            "max_field_size": limits.header_line_bytes_max, "max_headers": limits.headers_max,
+            "keepalive_timeout": limits.header_read_s_max}
 
 
 def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) -> web.Application:

@@ -67,6 +67,12 @@ class Limits:
     headers_max: int = 64
     # Seconds a client may take to send its request body; a slower one gets 408.
     body_read_s_max: float = 30.0
+    # Seconds a connection may take to send a request's headers, counted from its opening
+    # or from the end of its last answer; then it is closed (a client that dribbles its
+    # headers would otherwise hold a socket for as long as it likes). An idle keep-alive
+    # connection is closed after the same time: it is aiohttp's keepalive_timeout, which
+    # covers a connection that has not sent its first request since aiohttp 3.14.4.
+    header_read_s_max: float = 30.0
     # Keys a /metrics scrape reads per scan (overdue jobs, ready queue); past it, lower bounds.
     metrics_scan_max: int = 100_000
     # Below this much free space on the data directory, the node refuses writes (503).

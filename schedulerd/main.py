@@ -19,7 +19,7 @@ from raft import snapshot
 from schedulerd import auth, logfmt
 from schedulerd.auth import TokenFile
 from raft.conf import RaftConfig
-from schedulerd.api import make_app
+from schedulerd.api import make_app, server_options
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.gctune import tune_gc
@@ -54,10 +54,7 @@ async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = Non
     leases = LeaseQueue(node)
     loops = LeaderLoops(node)
     loops.start()
-    limits = config.limits
-    runner = web.AppRunner(make_app(node, leases, tokens), access_log=None,
-                           max_line_size=limits.header_line_bytes_max, max_field_size=limits.header_line_bytes_max,
-                           max_headers=limits.headers_max)
+    runner = web.AppRunner(make_app(node, leases, tokens), **server_options(config.limits))
     await runner.setup()
     site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True, ssl_context=tls)
     await site.start()

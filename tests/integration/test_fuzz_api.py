@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from raft.conf import RaftConfig
 from schedulerd import openapi
-from schedulerd.api import make_app
+from schedulerd.api import make_app, server_options
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.lease_queue import LeaseQueue
@@ -91,7 +91,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[asyncio.Abs
     node = Node(config, Clock())
     node.start(loop)
     wait_until(lambda: node.groups[0].status()["ready"] and node.groups[0].is_leader(), 15, "the node to lead")
-    client = TestClient(TestServer(make_app(node, LeaseQueue(node))), loop=loop)
+    server = TestServer(make_app(node, LeaseQueue(node)))
+    loop.run_until_complete(server.start_server(loop=loop, **server_options(config.limits)))  # as the daemon serves
+    client = TestClient(server, loop=loop)
     loop.run_until_complete(client.start_server())
     seed = {"job_id": "seed", "schedule": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"}, "queue": "q"}
     assert loop.run_until_complete(client.post("/v1/jobs", json=seed)).status == 201
@@ -159,6 +161,76 @@ def test_a_client_that_dribbles_its_body_gets_408_and_the_limit_named(live: Any)
 
     answer = loop.run_until_complete(asyncio.wait_for(slow(), REQUEST_DEADLINE_S))
     assert answer.startswith(b"HTTP/1.1 408") and b"body_read_s_max" in answer
+
+
+HEADER_READ_S = 0.6
+
+
+def header_timed_server(live: Any) -> TestServer:
+    """A second server on the live node, with a short header_read_s_max (the live one keeps the
+    default, so the fuzz test's pooled connections never meet it)."""
+    loop, _, node = live
+    server = TestServer(make_app(node, LeaseQueue(node)))
+    loop.run_until_complete(server.start_server(loop=loop, **server_options(Limits(header_read_s_max=HEADER_READ_S))))
+    return server
+
+
+def test_a_client_that_dribbles_its_headers_is_disconnected_at_header_read_s_max(live: Any) -> None:
+    loop = live[0]
+    server = header_timed_server(live)
+
+    async def dribble() -> tuple[float, bytes]:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        started = loop.time()
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        read = asyncio.ensure_future(reader.read(4096))
+        while not read.done():  # one more header byte every 50 ms: the deadline is not reset by traffic
+            writer.write(b"X")
+            await asyncio.wait([read], timeout=0.05)
+        writer.close()
+        return loop.time() - started, read.result()
+
+    try:
+        took_s, answer = loop.run_until_complete(asyncio.wait_for(dribble(), REQUEST_DEADLINE_S))
+    finally:
+        loop.run_until_complete(server.close())
+    assert answer == b"" and HEADER_READ_S * 0.9 <= took_s < HEADER_READ_S + 3, (took_s, answer)
+
+
+def test_a_silent_connection_is_closed_and_a_long_poll_outlasts_header_read_s_max(live: Any) -> None:
+    loop = live[0]
+    server = header_timed_server(live)
+
+    async def silent() -> bytes:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        answer = await reader.read(4096)
+        writer.close()
+        return answer
+
+    async def poll_then_reuse() -> tuple[bytes, bytes]:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        body = json.dumps({"worker_id": "w", "queues": ["nothing-here"], "wait_s": 0.5}).encode()
+
+        async def ask(request: bytes) -> bytes:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"Content-Length: (\d+)", head, re.I).group(1))
+            return head + await reader.readexactly(length)
+
+        polled = await ask(b"POST /v1/tasks/poll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        await asyncio.sleep(HEADER_READ_S / 3)  # idle, within the limit: the connection is still open
+        health = await ask(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.close()
+        return polled, health
+
+    try:
+        assert loop.run_until_complete(asyncio.wait_for(silent(), REQUEST_DEADLINE_S)) == b""
+        polled, health = loop.run_until_complete(asyncio.wait_for(poll_then_reuse(), REQUEST_DEADLINE_S))
+    finally:
+        loop.run_until_complete(server.close())
+    assert polled.startswith(b"HTTP/1.1 200") and b'"tasks": []' in polled.replace(b'":[]', b'": []'), polled
+    assert health.startswith(b"HTTP/1.1 200"), health
 
 
 def test_limits_are_named_when_hit(live: Any) -> None:
