@@ -12,9 +12,11 @@ import sys
 import time
 from typing import Any, Callable
 
+import pysyncobj.pickle
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from raft import compaction, journal, snapshot, snapshot_transfer
+from raft.clocks import PeerClocks
 from raft.conf import RaftConfig
 from raft.snapshot_writer import SnapshotWriter
 from storage import fsm
@@ -24,6 +26,7 @@ from storage.ops import Op
 log = logging.getLogger("schedulerd.raft")
 
 Applied = Callable[[int, int, Op, dict[str, Any]], None]  # (group, raft index, op, result)
+Stamp = Callable[[bytes, int], bytes]  # (entry blob, the cluster's time in µs) -> the blob to append
 
 
 class ProposalFailed(Exception):
@@ -144,6 +147,33 @@ def _commit_only_what_matched(replica: SyncObj) -> None:
     transport._onMessageReceivedCallback = on_message
 
 
+_REGULAR = b"\x00"  # pysyncobj's command type byte of a replicated call
+
+
+def _stamp_as_leader_appends(replica: SyncObj, stamp: Stamp, cluster_now_us: Callable[[], int]) -> None:
+    """Let the leader rewrite each entry at the moment it appends it (in the tick thread,
+    right before pysyncobj checks it is the leader and appends): its own proposals and
+    those followers forwarded alike. Anything else (a follower forwarding, a command of
+    another type) passes as it came."""
+    queue = replica._SyncObj__commandsQueue
+    take = queue.get_nowait
+
+    def get_nowait() -> tuple[bytes, Any]:
+        command, callback = take()
+        if command[:1] == _REGULAR and replica._isLeader():
+            try:
+                func_id, (blob,) = pysyncobj.pickle.loads(command[1:])
+                stamped = stamp(blob, cluster_now_us())
+            except Exception:  # an exception here would stop the tick thread: append it as it came
+                log.exception("leader_stamp_failed")
+                return command, callback
+            if stamped is not blob:
+                command = _REGULAR + pysyncobj.pickle.dumps((func_id, (stamped,)))
+        return command, callback
+
+    queue.get_nowait = get_nowait
+
+
 def _fatal_default(message: str) -> None:
     log.critical("fatal_apply_error %s; stopping the node (it replays the entry on restart)", message)
     logging.shutdown()
@@ -159,7 +189,8 @@ class Group:
     that commit, so whoever learns of an entry can read it on this node."""
 
     def __init__(self, group_id: int, conf: RaftConfig, on_applied: Applied | None = None,
-                 on_fatal: Callable[[str], None] = _fatal_default) -> None:
+                 on_fatal: Callable[[str], None] = _fatal_default, clock_us: Callable[[], int] | None = None,
+                 leader_stamp: Stamp | None = None) -> None:
         self.group_id = group_id
         self.conf = conf
         self._on_applied = on_applied
@@ -212,6 +243,11 @@ class Group:
         _commit_only_what_matched(self.replica)
         snapshot_transfer.pace_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
         snapshot_transfer.answer_pieces(self.replica)
+        self.clocks = PeerClocks(clock_us or (lambda: time.time_ns() // 1000), 1 + len(self.peers),
+                                 conf.clock_fresh_s)
+        self.clocks.install(self.replica._SyncObj__transport)
+        if leader_stamp is not None:
+            _stamp_as_leader_appends(self.replica, leader_stamp, self.clocks.cluster_now_us)
         self._step_down_requested = False
         self.leader_changes = 0
         self._leader_seen: Any = None
@@ -372,6 +408,7 @@ class Group:
             "journal_bytes": self.journal.size_bytes(),
             "snapshotting": self._snapshots.busy(),
             "journal_fsync": self.journal.stats.summary(),
+            "peer_clock_offsets_ms": {a: round(us / 1000, 1) for a, us in self.clocks.offsets_us().items()},
         }
 
     def destroy(self) -> None:

@@ -90,6 +90,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
     async def cluster(request: web.Request) -> web.Response:
         return views.respond({"node": node.config.raft.self_addr,
                               "http": f"{node.config.http_host}:{node.config.http_port}",
+                              "clock": to_iso(node.clock.now_us()),
                               "groups": [g.status() for g in node.groups],
                               "poll_waiters": leases.waiters})
 

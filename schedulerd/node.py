@@ -13,6 +13,7 @@ from raft.group import Group, ProposalFailed
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.diskguard import DiskGuard
+from schedulerd import lease_time
 from schedulerd.errors import OutcomeUnknown, Unavailable
 from storage import keys, ops
 from storage.db import Tables
@@ -38,7 +39,8 @@ class Node:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.groups = [Group(g, self.config.raft, on_applied=self._on_applied)
+        self.groups = [Group(g, self.config.raft, on_applied=self._on_applied, clock_us=self.clock.now_us,
+                             leader_stamp=lease_time.stamp)
                        for g in range(self.config.raft.groups)]
 
     def stop(self) -> None:

@@ -1,0 +1,69 @@
+"""What time the cluster agrees it is, as the leader sees it, measured on Raft's own traffic.
+
+A replica stamps its proposals with its own clock; a node whose clock runs ahead of the
+others would lease runs before their time. The leader therefore estimates the voters'
+clocks and can stamp time-bearing entries with the median of them, which one skewed
+node (the leader included) cannot move past the others.
+
+A follower adds its clock, f, to each answer it sends the leader (`sd_clock`). When the
+answer arrives, the follower's clock reads at least f, whatever the network did; from
+then on it reads at least f plus the time elapsed since, which the leader counts on its
+monotonic clock, so a jump of the leader's own wall clock does not move its estimates
+of the others. Every estimate errs behind a clock, never ahead (by the answer's transit
+time). pysyncobj ignores keys it does not know, so a leader of an older build ignores
+this one, and a follower of an older build sends none (it counts as unmeasured)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+CLOCK = "sd_clock"
+
+
+class PeerClocks:
+    def __init__(self, now_us: Callable[[], int], voters: int, fresh_s: float) -> None:
+        self._now_us = now_us
+        self._voters = voters
+        self._fresh_s = fresh_s
+        # By node: (the clock a follower answered with in µs, our monotonic s on receipt).
+        self._heard: dict[Any, tuple[int, float]] = {}
+
+    def install(self, transport: Any) -> None:
+        send, receive = transport.send, transport._onMessageReceivedCallback
+
+        def stamped_send(node: Any, message: dict[str, Any]) -> Any:
+            if message.get("type") == "next_node_idx":  # a follower's answer to an append
+                message = dict(message, **{CLOCK: self._now_us()})
+            return send(node, message)
+
+        def measuring_receive(node: Any, message: dict[str, Any]) -> None:
+            if message.get("type") == "next_node_idx" and CLOCK in message:
+                self._heard[node] = (message[CLOCK], time.monotonic())
+            receive(node, message)
+
+        transport.send = stamped_send
+        transport._onMessageReceivedCallback = measuring_receive
+
+    def clocks_us(self) -> dict[str, int]:
+        """Lower bounds of the other voters' clocks now, by address, heard within fresh_s
+        (only a leader hears them)."""
+        mono = time.monotonic()
+        # A copy first: the tick thread adds to it while /v1/cluster reads it.
+        return {node.address: clock + int((mono - at) * 1_000_000)
+                for node, (clock, at) in list(self._heard.items()) if mono - at <= self._fresh_s}
+
+    def offsets_us(self) -> dict[str, int]:
+        """How far each measured voter's clock is at least ahead of ours (negative: behind)."""
+        now = self._now_us()
+        return {address: clock - now for address, clock in self.clocks_us().items()}
+
+    def cluster_now_us(self) -> int:
+        """A lower bound of the voters' median clock: ours, and each measured voter at the
+        lowest its clock can be, with any unmeasured voter counted as the slowest of all.
+        Fewer than a majority measured (a leader's first heartbeat round, or followers of
+        an older build): our own clock."""
+        now = self._now_us()
+        known = sorted([now, *self.clocks_us().values()])
+        unknown = self._voters - len(known)
+        median_rank = (self._voters + 1) // 2 - unknown  # 1-based, among the known, with the unknown below
+        return known[max(median_rank, 1) - 1]

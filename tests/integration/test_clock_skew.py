@@ -1,0 +1,68 @@
+"""Three real nodes, one clock run 3 s ahead (the --clock-offset-file the fault harness
+skews with): first a follower's, then the leader's. A worker polling only the skewed
+node must not start a run before it is due by the other two clocks (raft/clocks.py,
+schedulerd/lease_time.py), and must not start it seconds late either."""
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from schedulerd.client import Client
+from schedulerd.worker import Task, Worker
+from tests.integration.harness import Cluster, NodeProc, running, wait_until
+
+pytestmark = pytest.mark.integration
+
+SKEW_S = 3.0
+DUE_IN_S = 5.0
+EARLY_ALLOWED_S = 0.05  # the real clocks are one machine's: the only error is measurement
+LATE_ALLOWED_S = 2.0
+
+
+def _skew(node: NodeProc, seconds: float) -> None:
+    with open(node.data_dir + ".offset", "w") as f:
+        f.write(f"{seconds}")
+    wait_until(lambda: abs(_clock(node) - time.time() - seconds) < 0.5, 10, f"{node.name}'s clock to move")
+
+
+def _clock(node: NodeProc) -> float:
+    return datetime.fromisoformat(node.get("/v1/cluster")[1]["clock"].replace("Z", "+00:00")).timestamp()
+
+
+def _start_on_the_skewed_node(cluster: Cluster, skewed: NodeProc, job_id: str) -> float:
+    """Seconds from the job's due time to its start (negative: early), by the machine's clock."""
+    _skew(skewed, SKEW_S)
+    due = datetime.now(timezone.utc) + timedelta(seconds=DUE_IN_S)
+    Client(cluster.urls, timeout_s=20).create_job(
+        {"job_id": job_id, "schedule": {"at": due.isoformat().replace("+00:00", "Z")}, "queue": job_id})
+    started: list[float] = []
+    worker = Worker(servers=[skewed.url], concurrency=1, wait_s=2)
+
+    def run(task: Task) -> None:
+        started.append(time.time())
+
+    worker.handler(job_id)(run)
+    with running(worker):
+        wait_until(lambda: started, DUE_IN_S + 15, f"{job_id} to start")
+    _skew(skewed, 0)
+    return started[0] - due.timestamp()
+
+
+def test_a_node_whose_clock_runs_ahead_starts_nothing_early(tmp_path) -> None:
+    cluster = Cluster.create(str(tmp_path), 3)
+    for node in cluster.nodes:
+        node.extra_args += ["--clock-offset-file", node.data_dir + ".offset"]
+    cluster.start()
+    try:
+        leader = cluster.leader()
+        follower = next(n for n in cluster.nodes if n is not leader)
+        late_s = _start_on_the_skewed_node(cluster, follower, "skewed-follower")
+        assert -EARLY_ALLOWED_S <= late_s <= LATE_ALLOWED_S, f"started {late_s:+.3f} s from its due time"
+        assert cluster.leader() is leader  # else the next case skews a follower again
+        late_s = _start_on_the_skewed_node(cluster, leader, "skewed-leader")
+        assert -EARLY_ALLOWED_S <= late_s <= LATE_ALLOWED_S, f"started {late_s:+.3f} s from its due time"
+    finally:
+        cluster.stop()

@@ -1,0 +1,115 @@
+"""The cluster's time as a leader estimates it (raft/clocks.py) and the lease entries it
+stamps with it (schedulerd/lease_time.py)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from raft.clocks import CLOCK, PeerClocks
+from schedulerd import lease_time
+from storage import ops
+from storage.ops import Op
+
+S = 1_000_000
+
+
+@dataclass(frozen=True)
+class Peer:
+    address: str
+
+
+class Transport:
+    """Records what is sent; `deliver` plays a message in as if it came from node."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, dict[str, Any]]] = []
+        self._onMessageReceivedCallback = lambda node, message: None
+
+    def send(self, node: Any, message: dict[str, Any]) -> None:
+        self.sent.append((node, message))
+
+    def deliver(self, node: Any, message: dict[str, Any]) -> None:
+        self._onMessageReceivedCallback(node, message)
+
+
+def leader_with(offsets_s: dict[str, float], voters: int = 3) -> tuple[PeerClocks, list[int]]:
+    """A leader at t=1000 s that has just heard each peer answer with its clock; and its clock,
+    to move."""
+    now = [1000 * S]
+    clocks = PeerClocks(lambda: now[0], voters, fresh_s=1.0)
+    transport = Transport()
+    clocks.install(transport)
+    for address, offset_s in offsets_s.items():
+        transport.deliver(Peer(address), {"type": "next_node_idx", CLOCK: now[0] + int(offset_s * S)})
+    return clocks, now
+
+
+def cluster_now(offsets_s: dict[str, float], voters: int = 3) -> int:
+    return leader_with(offsets_s, voters)[0].cluster_now_us()
+
+
+def test_the_median_of_three_clocks_ignores_one_that_runs_ahead() -> None:
+    assert 1000 * S <= cluster_now({"b": 0.0, "c": 30.0}) < 1000 * S + 1_000
+    assert 1000 * S <= cluster_now({"b": 0.0, "c": -30.0}) < 1000 * S + 1_000
+
+
+def test_a_leader_whose_clock_runs_ahead_takes_the_followers_time() -> None:
+    assert 995 * S <= cluster_now({"b": -5.0, "c": -7.0}) < 995 * S + 1_000
+
+
+def test_an_unmeasured_voter_counts_as_the_slowest_clock() -> None:
+    assert cluster_now({"b": -5.0}) < 995 * S + 1_000
+    assert cluster_now({"b": 5.0}) == 1000 * S
+    assert cluster_now({}) == 1000 * S  # no majority measured: our own
+    assert cluster_now({}, voters=1) == 1000 * S
+
+
+def test_a_jump_of_the_leaders_own_clock_does_not_move_its_estimates_of_the_others() -> None:
+    clocks, now = leader_with({"b": -5.0, "c": -5.0})
+    now[0] += 3600 * S
+    assert 995 * S <= clocks.cluster_now_us() < 995 * S + 1_000
+    assert all(-3605 * S <= offset < -3605 * S + 1_000 for offset in clocks.offsets_us().values())
+
+
+def test_a_voter_not_heard_within_fresh_s_is_unmeasured() -> None:
+    clocks = PeerClocks(lambda: 1000 * S, 3, fresh_s=0.0)
+    transport = Transport()
+    clocks.install(transport)
+    transport.deliver(Peer("b"), {"type": "next_node_idx", CLOCK: 990 * S})
+    time.sleep(0.001)
+    assert clocks.cluster_now_us() == 1000 * S and clocks.offsets_us() == {}
+
+
+def test_a_follower_adds_its_clock_to_each_answer() -> None:
+    clocks = PeerClocks(lambda: 7 * S, 3, fresh_s=1.0)
+    transport = Transport()
+    clocks.install(transport)
+    transport.send(Peer("a"), {"type": "next_node_idx", "success": True})
+    transport.send(Peer("a"), {"type": "request_vote"})
+    (_, answer), (_, vote) = transport.sent
+    assert answer == {"type": "next_node_idx", "success": True, CLOCK: 7 * S} and CLOCK not in vote
+
+
+def lease_entry(now: int) -> bytes:
+    return ops.encode(Op.LEASE_READY, {"now": now, "lease_until": now + 30 * S, "grants": [["w", ["q"], 5]]})
+
+
+def test_a_lease_entry_stamped_past_the_cluster_time_is_moved_back_with_its_lease_end() -> None:
+    op, version, payload = ops.decode(lease_time.stamp(lease_entry(103 * S), 100 * S))
+    assert (op, version) == (Op.LEASE_READY, ops.VERSION)
+    assert payload == {"now": 100 * S, "lease_until": 130 * S, "grants": [["w", ["q"], 5]]}
+
+
+def test_an_expiry_stamped_past_the_cluster_time_is_moved_back() -> None:
+    expiry = ops.encode(Op.EXPIRE_LEASES, {"now": 103 * S, "runs": [["r1", 4]]})
+    assert ops.decode(lease_time.stamp(expiry, 100 * S))[2] == {"now": 100 * S, "runs": [["r1", 4]]}
+
+
+def test_other_entries_and_lease_entries_not_ahead_pass_unchanged() -> None:
+    behind = lease_entry(99 * S)
+    assert lease_time.stamp(behind, 100 * S) is behind
+    create = ops.encode(Op.CREATE_JOBS, {"now": 103 * S, "jobs": []})
+    assert lease_time.stamp(create, 100 * S) is create
+    for junk in (b"", b"\x93\x0e", b"\x93\x0e\xff", ops.encode(Op.LEASE_READY, {"grants": []})):
+        assert lease_time.stamp(junk, 100 * S) is junk  # apply refuses it, on every replica alike
