@@ -1,44 +1,57 @@
-"""What time the cluster agrees it is, as the leader sees it, measured on Raft's own traffic.
+"""What time the cluster agrees it is, measured on Raft's own traffic.
 
 A replica stamps its proposals with its own clock; a node whose clock runs ahead of the
 others would lease runs before their time. The leader therefore estimates the voters'
-clocks and can stamp time-bearing entries with the median of them, which one skewed
-node (the leader included) cannot move past the others.
+clocks and stamps time-bearing entries with the median of them, which one skewed node
+(the leader included) cannot move away from the others.
 
 A follower adds its clock, f, to each answer it sends the leader (`sd_clock`). When the
 answer arrives, the follower's clock reads at least f, whatever the network did; from
 then on it reads at least f plus the time elapsed since, which the leader counts on its
 monotonic clock, so a jump of the leader's own wall clock does not move its estimates
-of the others. Every estimate errs behind a clock, never ahead (by the answer's transit
-time). pysyncobj ignores keys it does not know, so a leader of an older build ignores
-this one, and a follower of an older build sends none (it counts as unmeasured)."""
+of the others. The leader adds the median it computes to each append it sends
+(`sd_cluster_clock`), which a follower ages the same way: every node then knows the
+cluster's time, to judge when to ask for what the leader will stamp. Every estimate
+errs behind the clock it estimates (by a message's transit), never ahead. pysyncobj
+ignores keys it does not know, so a node of an older build ignores these and sends
+none (it counts as unmeasured)."""
 from __future__ import annotations
 
 import time
 from typing import Any, Callable
 
 CLOCK = "sd_clock"
+CLUSTER_CLOCK = "sd_cluster_clock"
 
 
 class PeerClocks:
-    def __init__(self, now_us: Callable[[], int], voters: int, fresh_s: float) -> None:
+    def __init__(self, now_us: Callable[[], int], voters: int, fresh_s: float, is_leader: Callable[[], bool]) -> None:
         self._now_us = now_us
         self._voters = voters
         self._fresh_s = fresh_s
-        # By node: (the clock a follower answered with in µs, our monotonic s on receipt).
+        self._is_leader = is_leader
+        # As the leader, by node: (the clock a follower answered with in µs, our monotonic s on receipt).
         self._heard: dict[Any, tuple[int, float]] = {}
+        # As a follower: (the cluster's time in the leader's latest append, our monotonic s on receipt).
+        self._told: tuple[int, float] | None = None
 
     def install(self, transport: Any) -> None:
         send, receive = transport.send, transport._onMessageReceivedCallback
 
         def stamped_send(node: Any, message: dict[str, Any]) -> Any:
-            if message.get("type") == "next_node_idx":  # a follower's answer to an append
+            kind = message.get("type")
+            if kind == "next_node_idx":  # a follower's answer to an append
                 message = dict(message, **{CLOCK: self._now_us()})
+            elif kind == "append_entries":
+                message = dict(message, **{CLUSTER_CLOCK: self.cluster_now_us()})
             return send(node, message)
 
         def measuring_receive(node: Any, message: dict[str, Any]) -> None:
-            if message.get("type") == "next_node_idx" and CLOCK in message:
+            kind = message.get("type")
+            if kind == "next_node_idx" and CLOCK in message:
                 self._heard[node] = (message[CLOCK], time.monotonic())
+            elif kind == "append_entries" and CLUSTER_CLOCK in message:
+                self._told = (message[CLUSTER_CLOCK], time.monotonic())
             receive(node, message)
 
         transport.send = stamped_send
@@ -58,11 +71,18 @@ class PeerClocks:
         return {address: clock - now for address, clock in self.clocks_us().items()}
 
     def cluster_now_us(self) -> int:
-        """A lower bound of the voters' median clock: ours, and each measured voter at the
-        lowest its clock can be, with any unmeasured voter counted as the slowest of all.
-        Fewer than a majority measured (a leader's first heartbeat round, or followers of
-        an older build): our own clock."""
+        """The cluster's time, never past it. On the leader, a lower bound of the voters'
+        median clock: ours, and each measured voter at the lowest its clock can be, with
+        any unmeasured voter counted as the slowest of all; with fewer than a majority
+        measured (a leader's first heartbeat round, or followers of an older build), our
+        own clock. On a follower, the leader's figure, aged since; without a fresh one,
+        our own clock."""
         now = self._now_us()
+        if not self._is_leader():
+            if self._told is None or time.monotonic() - self._told[1] > self._fresh_s:
+                return now
+            told, at = self._told
+            return told + int((time.monotonic() - at) * 1_000_000)
         known = sorted([now, *self.clocks_us().values()])
         unknown = self._voters - len(known)
         median_rank = (self._voters + 1) // 2 - unknown  # 1-based, among the known, with the unknown below

@@ -244,7 +244,7 @@ class Group:
         snapshot_transfer.pace_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
         snapshot_transfer.answer_pieces(self.replica)
         self.clocks = PeerClocks(clock_us or (lambda: time.time_ns() // 1000), 1 + len(self.peers),
-                                 conf.clock_fresh_s)
+                                 conf.clock_fresh_s, self.replica._isLeader)
         self.clocks.install(self.replica._SyncObj__transport)
         if leader_stamp is not None:
             _stamp_as_leader_appends(self.replica, leader_stamp, self.clocks.cluster_now_us)

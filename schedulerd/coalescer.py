@@ -20,8 +20,7 @@ Propose = Callable[[Group, Op, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 class Coalescer:
     def __init__(self, propose: Propose, op: Op, items_field: str, results_field: str, max_weight: int,
-                 extra: Callable[[], dict[str, Any]] = dict, weight: Callable[[Any], int] = lambda item: 1,
-                 on_result: Callable[[dict[str, Any], dict[str, Any]], None] | None = None) -> None:
+                 extra: Callable[[], dict[str, Any]] = dict, weight: Callable[[Any], int] = lambda item: 1) -> None:
         self._propose = propose
         self._op = op
         self._items_field = items_field
@@ -29,7 +28,6 @@ class Coalescer:
         self._max_weight = max_weight
         self._extra = extra
         self._weight = weight
-        self._on_result = on_result  # sees each entry's payload and apply result
         self._pending: dict[int, list[tuple[list[Any], asyncio.Future[list[Any]]]]] = {}
         self._flushing: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
@@ -66,9 +64,8 @@ class Coalescer:
 
     async def _commit(self, group: Group, batch: list[tuple[list[Any], asyncio.Future[list[Any]]]]) -> None:
         items = [item for part, _ in batch for item in part]
-        payload = {self._items_field: items, **self._extra()}
         try:
-            result = await self._propose(group, self._op, payload)
+            result = await self._propose(group, self._op, {self._items_field: items, **self._extra()})
         except Exception as exc:
             for _, fut in batch:
                 if not fut.done():
@@ -76,8 +73,6 @@ class Coalescer:
             return
         self.entries += 1
         self.items += len(items)
-        if self._on_result is not None:
-            self._on_result(payload, result)
         results = result[self._results_field]
         start = 0
         for part, fut in batch:

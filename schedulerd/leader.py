@@ -81,7 +81,8 @@ class LeaderLoops:
     async def expire_leases(self, group: Group) -> bool:
         limits = self.node.config.limits
         # By the cluster's clock, as the entry will be stamped (lease_time.py): by ours, a
-        # clock ahead would propose, every tick, expiries that apply then declines.
+        # clock ahead would propose, every tick, expiries that apply then declines, and a
+        # clock behind would find them late.
         now = group.clocks.cluster_now_us()
         with self.node.read(group) as (txn, tables):
             expired = queries.expired_leases(txn, tables, now, limits.expire_batch_max)

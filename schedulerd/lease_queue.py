@@ -26,23 +26,14 @@ class LeaseQueue:
         self.node = node
         self.waiters = 0
         self.leased = 0
-        # How far past the cluster's time this node's clock was in its latest lease entry
-        # (the leader moves a lease entry's time back to the cluster's: lease_time.py).
-        # Readiness is judged by the clock less this, or polls here would ask, be granted
-        # nothing and ask again until the others' clocks caught up.
-        self.clock_ahead_us = 0
 
         def lease_term() -> dict[str, Any]:
             now = node.clock.now_us()
             return {"now": now, "lease_until": now + int(node.config.lease_s * US)}
 
-        def note_stamp(payload: dict[str, Any], result: dict[str, Any]) -> None:
-            self.clock_ahead_us = payload["now"] - result["now"]
-
         # Polls waiting at once on this node share LEASE_READY entries.
         self._grants = Coalescer(node.propose, Op.LEASE_READY, "grants", "grants",
-                                 node.config.limits.lease_entry_runs_max, lease_term, weight=lambda g: g[2],
-                                 on_result=note_stamp)
+                                 node.config.limits.lease_entry_runs_max, lease_term, weight=lambda g: g[2])
 
     async def poll(self, worker_id: str, queues: list[str], max_tasks: int, wait_s: float) -> list[views.TaskView]:
         limits = self.node.config.limits
@@ -65,15 +56,13 @@ class LeaseQueue:
         finally:
             self.waiters -= 1
 
-    def _cluster_now_us(self) -> int:
-        return self.node.clock.now_us() - self.clock_ahead_us
-
     def _until_next_ready(self, queues: list[str]) -> float:
         """Seconds until the earliest run of these queues becomes available (a retry
         backoff ending or a run claimed ahead of its time); no apply signals that."""
-        now = self._cluster_now_us()
         best = float("inf")
         for group in self.node.groups:
+            # Time as the leader will stamp the lease entry (lease_time.py), not as this node's clock says.
+            now = group.clocks.cluster_now_us()
             with self.node.read(group) as (txn, tables):
                 at = queries.next_ready_us(txn, tables, queues)
             if at is not None:
@@ -91,7 +80,7 @@ class LeaseQueue:
 
     async def _lease_from(self, group: Group, worker_id: str, queues: list[str], want: int) -> list[views.TaskView]:
         with self.node.read(group) as (txn, tables):
-            if not queries.ready(txn, tables, queues, self._cluster_now_us(), 1):
+            if not queries.ready(txn, tables, queues, group.clocks.cluster_now_us(), 1):
                 return []  # nothing to ask for as far as this replica knows
         ((_, granted),) = await self._grants.submit(group, [[worker_id, queues, want]])
         self.leased += len(granted)

@@ -1,13 +1,14 @@
-"""The time lease entries are applied at: never past the cluster's.
+"""The time lease entries are applied at: the cluster's, not the proposer's.
 
-A node stamps the LEASE_READY entries it proposes with its own clock, and apply leases
-runs due by that time; the leader's EXPIRE_LEASES entries take back leases that ended by
-its clock. A node whose clock runs ahead would so start runs early, or take a lease from
-a worker still within it, by as much as its clock is off. The leader, as it appends one
-of these entries, moves the entry's time (and a lease end with it) back to the voters'
-median clock if the proposer's was past it (raft/clocks.py): one skewed node, the leader
-included, then leases or expires nothing before the others agree it is time. A proposer
-whose clock is behind keeps its own time: late, never early."""
+A node stamps the entries it proposes with its own clock. Apply leases the runs due by a
+LEASE_READY entry's time, judges a HEARTBEAT's lease still valid by its time and extends
+it from there, and lets the leader's EXPIRE_LEASES take back the leases ended by its
+time. A node whose clock runs ahead would so start runs early, or take a lease from a
+worker still within it; one whose clock is behind would start them late. The leader, as
+it appends one of these entries, sets its time to the voters' median clock (raft/clocks.py)
+and moves a lease end by as much: one skewed node, the leader included, then leases,
+extends and expires at the time the others agree on. The estimate errs behind the
+median, never ahead: late by a message's transit, never early."""
 from __future__ import annotations
 
 from storage import ops
@@ -15,19 +16,20 @@ from storage.ops import Op
 
 
 def stamp(blob: bytes, cluster_now_us: int) -> bytes:
-    """The entry to append: blob itself unless it leases or expires by a time past cluster_now_us."""
+    """The entry to append: blob itself unless it leases, extends or expires by a time
+    other than cluster_now_us."""
     if not _is_time_gated(blob):
         return blob
     try:
         op, version, payload = ops.decode(blob)
-        ahead_us = payload["now"] - cluster_now_us
-        if ahead_us <= 0:
+        shift_us = cluster_now_us - payload["now"]
+        if shift_us == 0:
             return blob
+        payload["now"] += shift_us
+        if "lease_until" in payload:
+            payload["lease_until"] += shift_us
     except (ops.CorruptEntry, KeyError, TypeError):
         return blob  # apply refuses it, on every replica alike
-    payload["now"] -= ahead_us
-    if op == Op.LEASE_READY:
-        payload["lease_until"] -= ahead_us
     return ops.encode(op, payload, version)
 
 
@@ -37,4 +39,4 @@ def _is_time_gated(blob: bytes) -> bool:
     return len(blob) > 2 and blob[0] == 0x93 and blob[1] in _TIME_GATED
 
 
-_TIME_GATED = frozenset({Op.LEASE_READY, Op.EXPIRE_LEASES})
+_TIME_GATED = frozenset({Op.LEASE_READY, Op.HEARTBEAT, Op.EXPIRE_LEASES})
