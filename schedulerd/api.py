@@ -96,7 +96,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
 
     async def queues(request: web.Request) -> web.Response:
         """Per queue: runs leasable now, runs queued for later, the oldest ready run's wait."""
-        now = node.clock.now_us()
+        now = node.now_us()
         stats: dict[str, list[int]] = {}
         cut = False
         for group in node.groups:

@@ -59,7 +59,7 @@ class LeaderLoops:
     async def claim_due(self, group: Group) -> bool:
         """Claim what is due up to now + lookahead; True if a full batch was claimed (scan again now)."""
         cfg, limits = self.node.config, self.node.config.limits
-        now = self.node.clock.now_us()
+        now = group.clocks.cluster_now_us()  # judged by one skewed clock, claims would misfire or wait
         until = now + int(cfg.lookahead_s * 1_000_000)
         with self.node.read(group) as (txn, tables):
             due = queries.due(txn, tables, self.node.shards_of(group), until, limits.scan_batch_max)

@@ -28,7 +28,7 @@ class LeaseQueue:
         self.leased = 0
 
         def lease_term() -> dict[str, Any]:
-            now = node.clock.now_us()
+            now = node.now_us()
             return {"now": now, "lease_until": now + int(node.config.lease_s * US)}
 
         # Polls waiting at once on this node share LEASE_READY entries.

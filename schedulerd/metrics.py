@@ -165,7 +165,7 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         node = self.metrics.node
         limits = node.config.limits
-        now = node.clock.now_us()
+        now = node.now_us()
         jobs = GaugeMetricFamily("schedulerd_jobs", "Jobs by state.", labels=["state"])
         runs = GaugeMetricFamily("schedulerd_runs", "Runs by state (the states that hold an index entry).",
                                  labels=["state"])

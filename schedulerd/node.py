@@ -43,6 +43,14 @@ class Node:
                              leader_stamp=lease_time.stamp)
                        for g in range(self.config.raft.groups)]
 
+    def now_us(self) -> int:
+        """The cluster's time as this node knows it (raft/clocks.py): the time it stamps
+        into what it proposes and judges what is due by. Its own clock (`self.clock`)
+        may run ahead or behind; the leader re-stamps lease entries either way
+        (lease_time.py), the rest carry this. With several groups, group 0's figure:
+        their voters are the same machines."""
+        return self.groups[0].clocks.cluster_now_us() if self.groups else self.clock.now_us()
+
     def stop(self) -> None:
         for group in self.groups:
             group.destroy()
@@ -87,7 +95,7 @@ class Node:
         """Commit one command through Raft and return its apply result on this node."""
         assert self.loop is not None
         self.disk.check()
-        payload.setdefault("now", self.clock.now_us())
+        payload.setdefault("now", self.now_us())
         fut = group.propose(ops.encode(op, payload), self.loop)
         try:
             return await asyncio.wait_for(fut, self.config.propose_timeout_s)

@@ -25,12 +25,12 @@ def routes(node: Node) -> list[web.RouteDef]:
     # One Raft entry per create would cap single creates at the commit rate. The entry
     # claims what is due within the lookahead as the leader's scan would (claims.claim_created).
     creates = Coalescer(node.propose, Op.CREATE_JOBS, "jobs", "results", limits.create_entry_bytes_max,
-                        extra=lambda: {"now": node.clock.now_us(), "claim_ahead_us": int(cfg.lookahead_s * views.US),
+                        extra=lambda: {"now": node.now_us(), "claim_ahead_us": int(cfg.lookahead_s * views.US),
                                        "grace_us": int(cfg.misfire_grace_s * views.US)},
                         weight=lambda spec: len(spec.get("payload_json", "")) + SPEC_BYTES_ESTIMATE)
 
     async def create(request: web.Request) -> web.Response:
-        now = node.clock.now_us()
+        now = node.now_us()
         spec = _in_namespace(request, jobspec.parse_job(await req.body(request), now, limits,
                                                        request.headers.get("Idempotency-Key")))
         spec["audit"] = audit_note(request, f"create job {spec['job_id']}")
@@ -49,7 +49,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         if not raw:
             raise InvalidRequest("nothing to update: send at least one field")
         current = _job_record(node, job_id)
-        changes = jobspec.parse_options(raw, node.clock.now_us(), limits, backoff_base=current["backoff"])
+        changes = jobspec.parse_options(raw, node.now_us(), limits, backoff_base=current["backoff"])
         if "queue" in changes:
             changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
         await _job_command(node, Op.UPDATE_JOB, job_id, {
@@ -100,7 +100,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         return views.respond({"run": views.run(result["run"])})
 
     async def create_batch(request: web.Request) -> web.Response:
-        now = node.clock.now_us()
+        now = node.now_us()
         raw = req.items(await req.body(request), "jobs", max_items=limits.create_batch_max,
                         limit_name="create_batch_max")
         specs = []
@@ -152,7 +152,7 @@ def routes(node: Node) -> list[web.RouteDef]:
             with node.read(group) as (txn, tables):
                 page, cursor = queries.list_jobs(txn, tables, state=state, queue=_queue_filter(request),
                                                  limit=limit, after=after, scan_max=limits.list_scan_max,
-                                                 now_us=node.clock.now_us(), prefix=prefix, bare_only=bare_only)
+                                                 now_us=node.now_us(), prefix=prefix, bare_only=bare_only)
             jobs.extend(page)
             cursors.append(cursor)
         jobs.sort(key=lambda j: j["job_id"])
@@ -274,7 +274,7 @@ def _job_record(node: Node, job_id: str) -> dict[str, Any]:
 
 
 def _job_view(node: Node, job_id: str) -> dict[str, Any]:
-    return views.job(queries.as_seen(_job_record(node, job_id), node.clock.now_us()))
+    return views.job(queries.as_seen(_job_record(node, job_id), node.now_us()))
 
 
 def _created_view(node: Node, result: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +283,7 @@ def _created_view(node: Node, result: dict[str, Any]) -> dict[str, Any]:
     job = result.get("job")
     if job is None:
         return _job_view(node, result["job_id"])
-    return views.job(queries.as_seen(job, node.clock.now_us()))
+    return views.job(queries.as_seen(job, node.now_us()))
 
 
 def _merge_cursor(jobs: list[dict[str, Any]], limit: int, cursors: list[str | None]) -> str | None:

@@ -25,7 +25,7 @@ def routes(node: "Node") -> list[web.RouteDef]:
     async def preview(request: web.Request) -> web.Response:
         query = dict(request.query)
         n = _count(query, n_max)
-        now_us = node.clock.now_us()  # one reading: an every interval is anchored at it
+        now_us = node.now_us()  # one reading: an every interval is anchored at it
         schedule = jobspec.parse_schedule(_schedule_spec(query), now_us, node.config.limits)
         fire_times = cron.preview(schedule, now_us, n)
         return views.respond({"fire_times": [timefmt.to_iso(us) for us in fire_times]})

@@ -150,7 +150,7 @@ class TaskCommits:
 
     def __init__(self, node: Node) -> None:
         def lease_extension() -> dict[str, Any]:
-            now = node.clock.now_us()
+            now = node.now_us()
             return {"now": now, "lease_until": now + int(node.config.lease_s * US)}
 
         limits = node.config.limits

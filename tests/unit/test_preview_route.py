@@ -26,7 +26,8 @@ class FixedClock:
 
 
 def stub_node(now: str = NOW) -> SimpleNamespace:
-    return SimpleNamespace(clock=FixedClock(now), config=SimpleNamespace(limits=Limits(), lease_s=30.0), propose=None,
+    clock = FixedClock(now)
+    return SimpleNamespace(clock=clock, now_us=clock.now_us, config=SimpleNamespace(limits=Limits(), lease_s=30.0), propose=None,
                            groups=[], applied_listeners=[])
 
 
