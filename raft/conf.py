@@ -31,8 +31,9 @@ class RaftConfig:
     # A leader that has not heard from a majority for this long steps down
     # (pysyncobj's default of 30 s lets an isolated leader believe for too long).
     leader_fallback_s: float = 1.5
-    # A follower's clock, measured on a heartbeat's round trip (raft/clocks.py), counts
-    # toward the cluster's time for this long; after, as if it were not measured.
+    # A follower's clock, heard in its answers to appends, counts toward the leader's
+    # figure of the cluster's time for this long, and a follower keeps the figure the
+    # leader last sent as long (raft/clocks.py); after, as if never heard.
     clock_fresh_s: float = 1.0
     # Compact the log into an LMDB snapshot once it holds more than this many entries
     # and its journal weighs compaction_journal_ratio x the last snapshot's size, or

@@ -225,6 +225,9 @@ class _StateCollector(Collector):
                                    labels=["group"])
         changes = CounterMetricFamily("schedulerd_raft_leader_changes", "Leader changes seen by this node.",
                                       labels=["group"])
+        skew = GaugeMetricFamily("schedulerd_raft_peer_clock_offset_seconds",
+                                 "On a leader: how far each follower's clock is at least ahead of its own.",
+                                 labels=["group", "peer"])
         for group in self.metrics.node.groups:
             s = group.status()
             g = [str(group.group_id)]
@@ -234,4 +237,6 @@ class _StateCollector(Collector):
             applied.add_metric(g, s["last_applied"])
             quorum.add_metric(g, 1 if s["has_quorum"] else 0)
             changes.add_metric(g, group.leader_changes)
-        yield from (leader, term, commit, applied, quorum, changes)
+            for peer, offset_ms in s["peer_clock_offsets_ms"].items():
+                skew.add_metric([*g, peer], offset_ms / 1000)
+        yield from (leader, term, commit, applied, quorum, changes, skew)

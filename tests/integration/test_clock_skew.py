@@ -4,8 +4,9 @@ polling only the skewed node must not start a run before it is due by the other 
 clocks (raft/clocks.py, schedulerd/lease_time.py), nor seconds after."""
 from __future__ import annotations
 
-import os
+import re
 import time
+import urllib.request
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -47,6 +48,14 @@ def _start_on_the_skewed_node(cluster: Cluster, skewed: NodeProc, skew_s: float,
     worker.handler(job_id)(run)
     with running(worker):
         wait_until(lambda: started, DUE_IN_S + 15, f"{job_id} to start")
+    leader = cluster.leader()
+    if skewed is not leader:  # the leader measures and reports it
+        offset_ms = leader.group0()["peer_clock_offsets_ms"][skewed.raft_addr]
+        assert abs(offset_ms / 1000 - skew_s) < 0.5, offset_ms
+        with urllib.request.urlopen(leader.url + "/metrics", timeout=10) as resp:
+            metric = re.search(rf'schedulerd_raft_peer_clock_offset_seconds{{group="0",peer="{skewed.raft_addr}"}} (\S+)',
+                               resp.read().decode())
+        assert metric is not None and abs(float(metric.group(1)) - skew_s) < 0.5
     _skew(skewed, 0)
     return started[0] - due.timestamp()
 
