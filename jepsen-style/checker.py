@@ -47,9 +47,8 @@ the end (outcome ok, or nack when the seeded handler failed on purpose).
   clock-skew allowance: the largest forward offset the clock nemesis gave any
   node in the 15 s before the dispatch, plus 2 ms of rounding. Lease entries
   carry the voters' median clock (schedulerd/lease_time.py), so one skewed node
-  should lease nothing early; a new leader still uses its own clock for its first
-  heartbeat round, so the allowance stays, and the report counts what it excused
-  (expected 0).
+  should lease nothing early; the allowance stays for what the median cannot
+  cover (docs/guarantees.md), and the report counts what it excused (expected 0).
 - idempotency: every idempotency key maps to at most one job on every node;
   an acknowledged key to exactly one, the one the acks named.
 - failed-but-applied: a create that got only definite failures (503

@@ -73,17 +73,18 @@ class PeerClocks:
     def cluster_now_us(self) -> int:
         """The cluster's time, never past it. On the leader, a lower bound of the voters'
         median clock: ours, and each measured voter at the lowest its clock can be, with
-        any unmeasured voter counted as the slowest of all; with fewer than a majority
-        measured (a leader's first heartbeat round, or followers of an older build), our
-        own clock. On a follower, the leader's figure, aged since; without a fresh one,
-        our own clock."""
+        any unmeasured voter counted as the slowest of all. On a follower, and on a
+        leader that has measured fewer than a majority (its first heartbeat round, or
+        followers of an older build): the last leader's figure, aged since, or without a
+        fresh one our own clock."""
         now = self._now_us()
-        if not self._is_leader():
-            if self._told is None or time.monotonic() - self._told[1] > self._fresh_s:
-                return now
-            told, at = self._told
-            return told + int((time.monotonic() - at) * 1_000_000)
-        known = sorted([now, *self.clocks_us().values()])
-        unknown = self._voters - len(known)
-        median_rank = (self._voters + 1) // 2 - unknown  # 1-based, among the known, with the unknown below
-        return known[max(median_rank, 1) - 1]
+        if self._is_leader():
+            known = sorted([now, *self.clocks_us().values()])
+            unknown = self._voters - len(known)
+            median_rank = (self._voters + 1) // 2 - unknown  # 1-based, among the known, with the unknown below
+            if median_rank >= 1:
+                return known[median_rank - 1]
+        if self._told is None or time.monotonic() - self._told[1] > self._fresh_s:
+            return now
+        told, at = self._told
+        return told + int((time.monotonic() - at) * 1_000_000)

@@ -61,8 +61,20 @@ def test_a_leader_whose_clock_runs_ahead_takes_the_followers_time() -> None:
 def test_an_unmeasured_voter_counts_as_the_slowest_clock() -> None:
     assert cluster_now({"b": -5.0}) < 995 * S + 1_000
     assert cluster_now({"b": 5.0}) == 1000 * S
-    assert cluster_now({}) == 1000 * S  # no majority measured: our own
+    assert cluster_now({}) == 1000 * S  # no majority measured, nothing told: our own
     assert cluster_now({}, voters=1) == 1000 * S
+
+
+def test_a_new_leader_keeps_the_last_leaders_time_until_it_has_measured_a_majority() -> None:
+    leading = [False]
+    clocks = PeerClocks(lambda: 1000 * S, 3, fresh_s=1.0, is_leader=lambda: leading[0])
+    transport = Transport()
+    clocks.install(transport)
+    transport.deliver(Peer("a"), {"type": "append_entries", CLUSTER_CLOCK: 996 * S})  # as a follower
+    leading[0] = True
+    assert 996 * S <= clocks.cluster_now_us() < 996 * S + 1_000
+    transport.deliver(Peer("b"), {"type": "next_node_idx", CLOCK: 997 * S})
+    assert 997 * S <= clocks.cluster_now_us() < 997 * S + 1_000  # measured: the median, lower of b's and ours
 
 
 def test_a_jump_of_the_leaders_own_clock_does_not_move_its_estimates_of_the_others() -> None:
