@@ -62,8 +62,8 @@ class PeerClocks:
         (only a leader hears them)."""
         mono = time.monotonic()
         # A copy first: the tick thread adds to it while /v1/cluster reads it.
-        return {node.address: clock + int((mono - at) * 1_000_000)
-                for node, (clock, at) in list(self._heard.items()) if mono - at <= self._fresh_s}
+        aged = {node.address: self._aged(heard, mono) for node, heard in list(self._heard.items())}
+        return {address: clock for address, clock in aged.items() if clock is not None}
 
     def offsets_us(self) -> dict[str, int]:
         """How far each measured voter's clock is at least ahead of ours (negative: behind)."""
@@ -84,7 +84,11 @@ class PeerClocks:
             median_rank = (self._voters + 1) // 2 - unknown  # 1-based, among the known, with the unknown below
             if median_rank >= 1:
                 return known[median_rank - 1]
-        if self._told is None or time.monotonic() - self._told[1] > self._fresh_s:
-            return now
-        told, at = self._told
-        return told + int((time.monotonic() - at) * 1_000_000)
+        told = None if self._told is None else self._aged(self._told, time.monotonic())
+        return now if told is None else told
+
+    def _aged(self, heard: tuple[int, float], mono: float) -> int | None:
+        """A clock heard at monotonic time `at`, as it reads at least at `mono`; None once
+        older than fresh_s."""
+        clock, at = heard
+        return clock + int((mono - at) * 1_000_000) if mono - at <= self._fresh_s else None

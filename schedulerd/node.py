@@ -10,10 +10,10 @@ from typing import Any, Callable, Iterator
 import lmdb
 
 from raft.group import Group, ProposalFailed
+from schedulerd import lease_time
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.diskguard import DiskGuard
-from schedulerd import lease_time
 from schedulerd.errors import OutcomeUnknown, Unavailable
 from storage import keys, ops
 from storage.db import Tables
