@@ -116,10 +116,19 @@ def _zone(tz: str | None) -> ZoneInfo | None:
 
 def cluster_text(info: Mapping[str, Any]) -> str:
     rows = [(group["group"], group.get("leader"), group.get("term"),
-             group.get("commit_index"), group.get("last_applied"))
+             group.get("commit_index"), group.get("last_applied"), _entry_versions(group))
             for group in info["groups"]]
-    table = format_table(("GROUP", "LEADER", "TERM", "COMMIT", "APPLIED"), rows)
+    table = format_table(("GROUP", "LEADER", "TERM", "COMMIT", "APPLIED", "ENTRIES"), rows)
     return f"node: {info.get('node')}\n{table}"
+
+
+def _entry_versions(group: Mapping[str, Any]) -> str:
+    """The entry version the node writes, and the newest its build reads when that is more
+    (a rolling upgrade not finished); servers before 2026-12-03 say neither."""
+    writes, newest = group.get("entry_version"), group.get("entry_version_newest")
+    if writes is None:
+        return "-"
+    return f"v{writes}" if newest in (None, writes) else f"v{writes} (reads v{newest})"
 
 
 def more_hint(page: Mapping[str, Any], what: str) -> None:

@@ -12,9 +12,9 @@ monotonic clock, so a jump of the leader's own wall clock does not move its esti
 of the others. The leader adds the median it computes to each append it sends
 (`sd_cluster_clock`), which a follower ages the same way: every node then knows the
 cluster's time, to judge when to ask for what the leader will stamp. Every estimate
-errs behind the clock it estimates (by a message's transit), never ahead. pysyncobj
-ignores keys it does not know, so a node of an older build ignores these and sends
-none (it counts as unmeasured)."""
+errs behind the clock it estimates (by a message's transit), never ahead. Both ride on
+pysyncobj's messages (raft/riders.py); a node of an older build sends none and counts
+as unmeasured."""
 from __future__ import annotations
 
 import time
@@ -35,27 +35,19 @@ class PeerClocks:
         # As a follower: (the cluster's time in the leader's latest append, our monotonic s on receipt).
         self._told: tuple[int, float] | None = None
 
-    def install(self, transport: Any) -> None:
-        send, receive = transport.send, transport._onMessageReceivedCallback
+    def answer_fields(self) -> dict[str, Any]:
+        return {CLOCK: self._now_us()}
 
-        def stamped_send(node: Any, message: dict[str, Any]) -> Any:
-            kind = message.get("type")
-            if kind == "next_node_idx":  # a follower's answer to an append
-                message = dict(message, **{CLOCK: self._now_us()})
-            elif kind == "append_entries":
-                message = dict(message, **{CLUSTER_CLOCK: self.cluster_now_us()})
-            return send(node, message)
+    def append_fields(self) -> dict[str, Any]:
+        return {CLUSTER_CLOCK: self.cluster_now_us()}
 
-        def measuring_receive(node: Any, message: dict[str, Any]) -> None:
-            kind = message.get("type")
-            if kind == "next_node_idx" and CLOCK in message:
-                self._heard[node] = (message[CLOCK], time.monotonic())
-            elif kind == "append_entries" and CLUSTER_CLOCK in message:
-                self._told = (message[CLUSTER_CLOCK], time.monotonic())
-            receive(node, message)
+    def heard_answer(self, node: Any, message: dict[str, Any]) -> None:
+        if CLOCK in message:
+            self._heard[node] = (message[CLOCK], time.monotonic())
 
-        transport.send = stamped_send
-        transport._onMessageReceivedCallback = measuring_receive
+    def heard_append(self, message: dict[str, Any]) -> None:
+        if CLUSTER_CLOCK in message:
+            self._told = (message[CLUSTER_CLOCK], time.monotonic())
 
     def clocks_us(self) -> dict[str, int]:
         """Lower bounds of the other voters' clocks now, by address, heard within fresh_s

@@ -15,11 +15,12 @@ from typing import Any, Callable
 import pysyncobj.pickle
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
-from raft import compaction, journal, snapshot, snapshot_transfer
+from raft import compaction, journal, riders, snapshot, snapshot_transfer
 from raft.clocks import PeerClocks
 from raft.conf import RaftConfig
+from raft.entry_versions import EntryVersions
 from raft.snapshot_writer import SnapshotWriter
-from storage import fsm
+from storage import fsm, ops
 from storage.db import Store
 from storage.ops import Op
 
@@ -41,7 +42,9 @@ _FAILURES = {
     FAIL_REASON.QUEUE_FULL: ("command queue full", False),
     FAIL_REASON.MISSING_LEADER: ("no leader", False),
     FAIL_REASON.NOT_LEADER: ("leader changed", False),
-    FAIL_REASON.REQUEST_DENIED: ("request denied", False),
+    # Only _vet_as_leader_appends refuses (membership changes are off).
+    FAIL_REASON.REQUEST_DENIED: ("refused by the leader: its entry version is newer than a voter reads "
+                                 "(a rolling upgrade is under way)", False),
     FAIL_REASON.DISCARDED: ("entry discarded by a new leader", False),
     FAIL_REASON.LEADER_CHANGED: ("leader changed before commit", True),
 }
@@ -150,26 +153,40 @@ def _commit_only_what_matched(replica: SyncObj) -> None:
 _REGULAR = b"\x00"  # pysyncobj's command type byte of a replicated call
 
 
-def _stamp_as_leader_appends(replica: SyncObj, stamp: Stamp, cluster_now_us: Callable[[], int]) -> None:
-    """Let the leader rewrite each entry at the moment it appends it (in the tick thread,
+def _vet_as_leader_appends(replica: SyncObj, stamp: Stamp | None, cluster_now_us: Callable[[], int],
+                           writes: Callable[[], int]) -> None:
+    """Let the leader look at each entry at the moment it appends it (in the tick thread,
     right before pysyncobj checks it is the leader and appends): its own proposals and
-    those followers forwarded alike. Anything else (a follower forwarding, a command of
+    those followers forwarded alike.
+
+    An entry of a version newer than the cluster writes is refused, since a voter would
+    stop on it: its proposer acted on an older figure (a leader change, a voter restarted
+    on an older build), and the API answers it 503, to retry. The others pass through
+    `stamp`. Anything else (a follower forwarding, a command of
     another type) passes as it came."""
     queue = replica._SyncObj__commandsQueue
     take = queue.get_nowait
+    refuse = replica._SyncObj__callErrCallback
 
     def get_nowait() -> tuple[bytes, Any]:
-        command, callback = take()
-        if command[:1] == _REGULAR and replica._isLeader():
+        while True:
+            command, callback = take()  # raises queue.Empty when none is left, as pysyncobj expects
+            if command[:1] != _REGULAR or not replica._isLeader():
+                return command, callback
             try:
                 func_id, (blob,) = pysyncobj.pickle.loads(command[1:])
-                stamped = stamp(blob, cluster_now_us())
+                version = ops.version_of(blob)
+                if version is not None and version > writes():
+                    log.warning("entry_refused version=%d writes=%d", version, writes())
+                    refuse(FAIL_REASON.REQUEST_DENIED, callback)
+                    continue
+                stamped = blob if stamp is None else stamp(blob, cluster_now_us())
             except Exception:  # an exception here would stop the tick thread: append it as it came
-                log.exception("leader_stamp_failed")
+                log.exception("leader_vet_failed")
                 return command, callback
             if stamped is not blob:
                 command = _REGULAR + pysyncobj.pickle.dumps((func_id, (stamped,)))
-        return command, callback
+            return command, callback
 
     queue.get_nowait = get_nowait
 
@@ -245,9 +262,9 @@ class Group:
         snapshot_transfer.answer_pieces(self.replica)
         self.clocks = PeerClocks(clock_us or (lambda: time.time_ns() // 1000), 1 + len(self.peers),
                                  conf.clock_fresh_s, self.replica._isLeader)
-        self.clocks.install(self.replica._SyncObj__transport)
-        if leader_stamp is not None:
-            _stamp_as_leader_appends(self.replica, leader_stamp, self.clocks.cluster_now_us)
+        self.versions = EntryVersions(ops.VERSION, ops.VERSION_FLOOR, 1 + len(self.peers), self.replica._isLeader)
+        riders.install(self.replica._SyncObj__transport, [self.clocks, self.versions])
+        _vet_as_leader_appends(self.replica, leader_stamp, self.clocks.cluster_now_us, self.versions.writes)
         self._step_down_requested = False
         self.leader_changes = 0
         self._leader_seen: Any = None
@@ -409,6 +426,9 @@ class Group:
             "snapshotting": self._snapshots.busy(),
             "journal_fsync": self.journal.stats.summary(),
             "peer_clock_offsets_ms": {a: round(us / 1000, 1) for a, us in self.clocks.offsets_us().items()},
+            "entry_version": self.versions.writes(),
+            "entry_version_newest": self.versions.newest,
+            "peer_entry_versions": self.versions.peers_read(),
         }
 
     def destroy(self) -> None:

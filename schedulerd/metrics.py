@@ -228,6 +228,9 @@ class _StateCollector(Collector):
         skew = GaugeMetricFamily("schedulerd_raft_peer_clock_offset_seconds",
                                  "On a leader: how far each follower's clock is at least ahead of its own.",
                                  labels=["group", "peer"])
+        version = GaugeMetricFamily("schedulerd_raft_entry_version",
+                                    "The entry version this node writes: below its build's newest while a voter "
+                                    "reads only older ones (a rolling upgrade under way).", labels=["group"])
         for group in self.metrics.node.groups:
             s = group.status()
             g = [str(group.group_id)]
@@ -237,6 +240,7 @@ class _StateCollector(Collector):
             applied.add_metric(g, s["last_applied"])
             quorum.add_metric(g, 1 if s["has_quorum"] else 0)
             changes.add_metric(g, group.leader_changes)
+            version.add_metric(g, s["entry_version"])
             for peer, offset_ms in s["peer_clock_offsets_ms"].items():
                 skew.add_metric([*g, peer], offset_ms / 1000)
-        yield from (leader, term, commit, applied, quorum, changes, skew)
+        yield from (leader, term, commit, applied, quorum, changes, skew, version)

@@ -96,7 +96,8 @@ class Node:
         assert self.loop is not None
         self.disk.check()
         payload.setdefault("now", self.now_us())
-        fut = group.propose(ops.encode(op, payload), self.loop)
+        # At the version every voter reads: in a rolling upgrade, the old one until the last node is upgraded.
+        fut = group.propose(ops.encode(op, payload, group.versions.writes()), self.loop)
         try:
             return await asyncio.wait_for(fut, self.config.propose_timeout_s)
         except ProposalFailed as exc:

@@ -16,6 +16,14 @@ from storage import codec
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
 VERSION = 6
 READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
+# The oldest version this build writes. A node writes the newest version every voter
+# reads (raft/entry_versions.py), and this one while it does not know what they read.
+# Builds before 2026-12-03 do not say what they read: they read up to 6 at best, so a
+# cluster with one of them still upgrades all at once (docs/operations.md). A build
+# that raises VERSION keeps writing each version from here up, in the payloads that
+# version's rules expect; raising the floor drops the older writers and is said in the
+# release notes ("upgrade from release X or later").
+VERSION_FLOOR = 6
 # Since 2 (2026-11-30): a pause or an update withdraws the runs claimed ahead of their
 # time (claims.withdraw_ahead); a claim ahead of its time that the overlap rule would
 # skip is deferred.
@@ -59,6 +67,14 @@ class CorruptEntry(Exception):
 
 def encode(op: Op, payload: dict[str, Any], version: int = VERSION) -> bytes:
     return codec.pack([int(op), version, payload])
+
+
+def version_of(blob: bytes) -> int | None:
+    """An entry's version, read from its first bytes without decoding it: a msgpack
+    array of three whose op code and version are positive fixints. None if it is not one."""
+    if len(blob) > 2 and blob[0] == 0x93 and blob[1] < 0x80 and blob[2] < 0x80:
+        return blob[2]
+    return None
 
 
 def decode(blob: bytes) -> tuple[Op, int, dict[str, Any]]:

@@ -85,6 +85,7 @@ class NodeProc:
     proc: subprocess.Popen | None = None
     extra_args: list[str] = field(default_factory=list)
     token: str | None = None  # sent by get/post when set
+    root: str = ROOT  # the tree whose code the node runs (its working directory)
 
     @property
     def url(self) -> str:
@@ -95,7 +96,7 @@ class NodeProc:
                 "--http", f"127.0.0.1:{self.http_port}", "--raft", self.raft_addr,
                 "--peers", ",".join(self.peers), *self.extra_args]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, cwd=self.root, stdout=log, stderr=subprocess.STDOUT)
 
     def kill9(self) -> None:
         assert self.proc is not None

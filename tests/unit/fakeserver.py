@@ -316,7 +316,7 @@ def cluster_info(cluster: FakeCluster, params: dict[str, str], query: dict[str, 
                  body: Any) -> tuple[int, Any]:
     groups = [{"group": g, "leader": "127.0.0.1:9080", "is_leader": True, "term": 3 + g,
                "commit_index": 120 + g, "last_applied": 120 + g, "ready": True,
-               "peers": []} for g in range(2)]
+               "peers": [], "entry_version": 6, "entry_version_newest": 6 + g} for g in range(2)]
     return 200, {"node": "127.0.0.1:9080", "groups": groups}
 
 

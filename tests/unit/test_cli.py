@@ -173,13 +173,13 @@ def test_runs_prints_a_table(one):
     ]
 
 
-def test_cluster_prints_the_node_then_one_line_per_group(one):
+def test_cluster_prints_the_node_then_one_line_per_group_with_its_entry_version(one):
     _, server = one
     assert run(server, "cluster").stdout.splitlines() == [
         "node: 127.0.0.1:9080",
-        "GROUP  LEADER          TERM  COMMIT  APPLIED",
-        "0      127.0.0.1:9080  3     120     120",
-        "1      127.0.0.1:9080  4     121     121",
+        "GROUP  LEADER          TERM  COMMIT  APPLIED  ENTRIES",
+        "0      127.0.0.1:9080  3     120     120      v6",
+        "1      127.0.0.1:9080  4     121     121      v6 (reads v7)",
     ]
 
 

@@ -3,34 +3,15 @@ stamps with it (schedulerd/lease_time.py)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
 
+from raft import riders
 from raft.clocks import CLOCK, CLUSTER_CLOCK, PeerClocks
 from schedulerd import lease_time
 from storage import ops
 from storage.ops import Op
+from tests.unit.faketransport import Peer, Transport
 
 S = 1_000_000
-
-
-@dataclass(frozen=True)
-class Peer:
-    address: str
-
-
-class Transport:
-    """Records what is sent; `deliver` plays a message in as if it came from node."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[Any, dict[str, Any]]] = []
-        self._onMessageReceivedCallback = lambda node, message: None
-
-    def send(self, node: Any, message: dict[str, Any]) -> None:
-        self.sent.append((node, message))
-
-    def deliver(self, node: Any, message: dict[str, Any]) -> None:
-        self._onMessageReceivedCallback(node, message)
 
 
 def leader_with(offsets_s: dict[str, float], voters: int = 3) -> tuple[PeerClocks, list[int]]:
@@ -39,7 +20,7 @@ def leader_with(offsets_s: dict[str, float], voters: int = 3) -> tuple[PeerClock
     now = [1000 * S]
     clocks = PeerClocks(lambda: now[0], voters, fresh_s=1.0, is_leader=lambda: True)
     transport = Transport()
-    clocks.install(transport)
+    riders.install(transport, [clocks])
     for address, offset_s in offsets_s.items():
         transport.deliver(Peer(address), {"type": "next_node_idx", CLOCK: now[0] + int(offset_s * S)})
     return clocks, now
@@ -69,7 +50,7 @@ def test_a_new_leader_keeps_the_last_leaders_time_until_it_has_measured_a_majori
     leading = [False]
     clocks = PeerClocks(lambda: 1000 * S, 3, fresh_s=1.0, is_leader=lambda: leading[0])
     transport = Transport()
-    clocks.install(transport)
+    riders.install(transport, [clocks])
     transport.deliver(Peer("a"), {"type": "append_entries", CLUSTER_CLOCK: 996 * S})  # as a follower
     leading[0] = True
     assert 996 * S <= clocks.cluster_now_us() < 996 * S + 1_000
@@ -87,7 +68,7 @@ def test_a_jump_of_the_leaders_own_clock_does_not_move_its_estimates_of_the_othe
 def test_a_voter_not_heard_within_fresh_s_is_unmeasured() -> None:
     clocks = PeerClocks(lambda: 1000 * S, 3, fresh_s=0.0, is_leader=lambda: True)
     transport = Transport()
-    clocks.install(transport)
+    riders.install(transport, [clocks])
     transport.deliver(Peer("b"), {"type": "next_node_idx", CLOCK: 990 * S})
     time.sleep(0.001)
     assert clocks.cluster_now_us() == 1000 * S and clocks.offsets_us() == {}
@@ -96,7 +77,7 @@ def test_a_voter_not_heard_within_fresh_s_is_unmeasured() -> None:
 def test_a_follower_adds_its_clock_to_each_answer_and_takes_the_leaders_time() -> None:
     clocks = PeerClocks(lambda: 7 * S, 3, fresh_s=1.0, is_leader=lambda: False)
     transport = Transport()
-    clocks.install(transport)
+    riders.install(transport, [clocks])
     assert clocks.cluster_now_us() == 7 * S  # told nothing yet: its own clock
     transport.send(Peer("a"), {"type": "next_node_idx", "success": True})
     transport.send(Peer("a"), {"type": "request_vote"})
@@ -109,7 +90,7 @@ def test_a_follower_adds_its_clock_to_each_answer_and_takes_the_leaders_time() -
 def test_a_leader_tells_its_followers_the_cluster_time() -> None:
     clocks, now = leader_with({"b": -5.0, "c": -7.0})
     transport = Transport()
-    clocks.install(transport)
+    riders.install(transport, [clocks])
     transport.send(Peer("b"), {"type": "append_entries", "entries": []})
     assert 995 * S <= transport.sent[0][1][CLUSTER_CLOCK] < 995 * S + 1_000
 
