@@ -124,7 +124,7 @@ def cluster_text(info: Mapping[str, Any]) -> str:
 
 def _entry_versions(group: Mapping[str, Any]) -> str:
     """The entry version the node writes, and the newest its build reads when that is more
-    (a rolling upgrade not finished); servers before 2026-12-03 say neither."""
+    (a rolling upgrade not finished); builds from before the entry-version gate say neither."""
     writes, newest = group.get("entry_version"), group.get("entry_version_newest")
     if writes is None:
         return "-"

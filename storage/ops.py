@@ -18,8 +18,8 @@ VERSION = 6
 READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
-# Builds before 2026-12-03 do not say what they read: they read up to 6 at best, so a
-# cluster with one of them still upgrades all at once (docs/operations.md). A build
+# Builds from before this gate do not say what they read: one that reads 6 upgrades
+# node by node, an older one all at once (docs/operations.md). A build
 # that raises VERSION keeps writing each version from here up, in the payloads that
 # version's rules expect; raising the floor drops the older writers and is said in the
 # release notes ("upgrade from release X or later").
