@@ -162,8 +162,8 @@ def _vet_as_leader_appends(replica: SyncObj, stamp: Stamp | None, cluster_now_us
     An entry of a version newer than the cluster writes is refused, since a voter would
     stop on it: its proposer acted on an older figure (a leader change, a voter restarted
     on an older build), and the API answers it 503, to retry. The others pass through
-    `stamp`. Anything else (a follower forwarding, a command of
-    another type) passes as it came."""
+    `stamp`. Anything else (a follower forwarding, a command of another type) passes as
+    it came."""
     queue = replica._SyncObj__commandsQueue
     take = queue.get_nowait
     refuse = replica._SyncObj__callErrCallback
@@ -175,9 +175,9 @@ def _vet_as_leader_appends(replica: SyncObj, stamp: Stamp | None, cluster_now_us
                 return command, callback
             try:
                 func_id, (blob,) = pysyncobj.pickle.loads(command[1:])
-                version = ops.version_of(blob)
-                if version is not None and version > writes():
-                    log.warning("entry_refused version=%d writes=%d", version, writes())
+                head, cluster_writes = ops.header(blob), writes()
+                if head is not None and head[1] > cluster_writes:
+                    log.warning("entry_refused version=%d writes=%d", head[1], cluster_writes)
                     refuse(FAIL_REASON.REQUEST_DENIED, callback)
                     continue
                 stamped = blob if stamp is None else stamp(blob, cluster_now_us())

@@ -18,7 +18,8 @@ from storage.ops import Op
 def stamp(blob: bytes, cluster_now_us: int) -> bytes:
     """The entry to append: blob itself unless it leases, extends or expires by a time
     other than cluster_now_us."""
-    if not _is_time_gated(blob):
+    head = ops.header(blob)
+    if head is None or head[0] not in _TIME_GATED:
         return blob
     try:
         op, version, payload = ops.decode(blob)
@@ -31,12 +32,6 @@ def stamp(blob: bytes, cluster_now_us: int) -> bytes:
     except (ops.CorruptEntry, KeyError, TypeError):
         return blob  # apply refuses it, on every replica alike
     return ops.encode(op, payload, version)
-
-
-def _is_time_gated(blob: bytes) -> bool:
-    """Read from the first bytes, without decoding the entry: a msgpack array of three
-    whose first item, the op code, is a positive fixint."""
-    return len(blob) > 2 and blob[0] == 0x93 and blob[1] in _TIME_GATED
 
 
 _TIME_GATED = frozenset({Op.LEASE_READY, Op.HEARTBEAT, Op.EXPIRE_LEASES})

@@ -69,11 +69,11 @@ def encode(op: Op, payload: dict[str, Any], version: int = VERSION) -> bytes:
     return codec.pack([int(op), version, payload])
 
 
-def version_of(blob: bytes) -> int | None:
-    """An entry's version, read from its first bytes without decoding it: a msgpack
-    array of three whose op code and version are positive fixints. None if it is not one."""
+def header(blob: bytes) -> tuple[int, int] | None:
+    """An entry's (op code, version), read from its first bytes without decoding it: a
+    msgpack array of three whose first two items are positive fixints. None if it is not one."""
     if len(blob) > 2 and blob[0] == 0x93 and blob[1] < 0x80 and blob[2] < 0x80:
-        return blob[2]
+        return blob[1], blob[2]
     return None
 
 

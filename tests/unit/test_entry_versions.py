@@ -164,7 +164,7 @@ def test_a_refused_entry_as_the_last_in_the_queue_leaves_it_empty() -> None:
     assert len(leader.refused) == 1
 
 
-def test_version_of_reads_the_header_without_decoding() -> None:
-    assert ops.version_of(entry(6)) == 6
+def test_header_reads_op_and_version_without_decoding() -> None:
+    assert ops.header(entry(6)) == (Op.CANCEL_JOB, 6)
     for junk in (b"", b"\x93\x0e", b"\x92\x01\x06", b"\x93\xcc\x80\x06"):
-        assert ops.version_of(junk) is None
+        assert ops.header(junk) is None
