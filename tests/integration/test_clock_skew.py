@@ -21,6 +21,7 @@ SKEW_S = 3.0
 DUE_IN_S = 5.0
 EARLY_ALLOWED_S = 0.05  # the real clocks are one machine's: the only error is measurement
 LATE_ALLOWED_S = 2.0
+ROLE_ATTEMPTS = 2
 
 
 def _skew(node: NodeProc, seconds: float) -> None:
@@ -66,12 +67,20 @@ def test_a_node_whose_clock_is_off_starts_runs_on_time(tmp_path) -> None:
         node.extra_args += ["--clock-offset-file", node.data_dir + ".offset"]
     cluster.start()
     try:
-        leader = cluster.leader()
-        follower = next(n for n in cluster.nodes if n is not leader)
-        for skewed, skew_s, job_id in ((follower, SKEW_S, "follower-ahead"), (leader, SKEW_S, "leader-ahead"),
-                                       (follower, -SKEW_S, "follower-behind")):
-            late_s = _start_on_the_skewed_node(cluster, skewed, skew_s, job_id)
-            assert -EARLY_ALLOWED_S <= late_s <= LATE_ALLOWED_S, f"{job_id}: started {late_s:+.3f} s from its due time"
-            assert cluster.leader() is leader  # else a later case skews another node than it says
+        for role, skew_s in (("follower", SKEW_S), ("leader", SKEW_S), ("follower", -SKEW_S)):
+            job_id = f"{role}-{'ahead' if skew_s > 0 else 'behind'}"
+            # The roles are read afresh for each case, and a case counts for its role only
+            # if the leader held through it: an election the loaded box calls on its own
+            # (a stall past the 0.5 s election timeout) gets the case one more try.
+            for attempt in range(ROLE_ATTEMPTS):
+                leader = cluster.leader()
+                skewed = leader if role == "leader" else next(n for n in cluster.nodes if n is not leader)
+                late_s = _start_on_the_skewed_node(cluster, skewed, skew_s, f"{job_id}-{attempt}")
+                assert -EARLY_ALLOWED_S <= late_s <= LATE_ALLOWED_S, \
+                    f"{job_id}: started {late_s:+.3f} s from its due time"
+                held = cluster.leader() is leader
+                if held:
+                    break
+            assert held, f"{job_id}: the leader changed in each of {ROLE_ATTEMPTS} tries, so no try skewed the {role}"
     finally:
         cluster.stop()
