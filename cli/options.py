@@ -9,8 +9,15 @@ from typing import Any, Callable, Mapping, TypeVar
 import click
 
 from schedulerd import timefmt
+from schedulerd.jobspec import RANGES
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _ints(option: str) -> click.IntRange:
+    """The range the API allows the option (schedulerd/jobspec.py), so a flag out of it is a usage error."""
+    return click.IntRange(*RANGES[option])
+
 
 MISFIRE_POLICIES = ("fire_all", "fire_once", "skip")
 OVERLAP_POLICIES = ("allow", "skip", "buffer_one")
@@ -44,28 +51,28 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
         options.append(click.option("--id", "job_id", metavar="JOB_ID",
                                     help="Job id (generated when absent)."))
     options += [
-        click.option("--max-attempts", type=click.IntRange(1, 100), metavar="N"),
-        click.option("--priority", type=click.IntRange(0, 9), metavar="0-9",
+        click.option("--max-attempts", type=_ints("max_attempts"), metavar="N"),
+        click.option("--priority", type=_ints("priority"), metavar="0-9",
                      help="9 is served first."),
         click.option("--misfire", type=click.Choice(MISFIRE_POLICIES),
                      help="Occurrences missed while the cluster was down [fire_once]."),
-        click.option("--catchup-limit", type=click.IntRange(1, 10_000), metavar="N",
+        click.option("--catchup-limit", type=_ints("catchup_limit"), metavar="N",
                      help="Missed occurrences considered [100]."),
-        click.option("--starting-deadline", type=click.IntRange(1, 604_800), metavar="SECONDS",
+        click.option("--starting-deadline", type=_ints("starting_deadline_s"), metavar="SECONDS",
                      help="Skip a run that would start later than this after its time."),
         click.option("--overlap", type=click.Choice(OVERLAP_POLICIES),
                      help="A new occurrence while a run is queued or running [allow]."),
-        click.option("--backoff-base-ms", type=click.IntRange(1, 3_600_000), metavar="MS",
+        click.option("--backoff-base-ms", type=_ints("backoff.base_ms"), metavar="MS",
                      help="First retry delay [1000]."),
-        click.option("--backoff-factor", type=click.FloatRange(1, 10), metavar="X",
+        click.option("--backoff-factor", type=click.FloatRange(*RANGES["backoff.factor"]), metavar="X",
                      help="Delay multiplier per retry [2.0]."),
-        click.option("--backoff-max-ms", type=click.IntRange(1, 86_400_000), metavar="MS",
+        click.option("--backoff-max-ms", type=_ints("backoff.max_ms"), metavar="MS",
                      help="Longest retry delay [300000]."),
-        click.option("--timeout-s", type=click.IntRange(1, 86_400), metavar="SECONDS",
+        click.option("--timeout-s", type=_ints("timeout_s"), metavar="SECONDS",
                      help="Hard cap on one attempt."),
-        click.option("--jitter-s", type=click.IntRange(0, 86_400), metavar="SECONDS",
+        click.option("--jitter-s", type=_ints("jitter_s"), metavar="SECONDS",
                      help="Start each occurrence up to this much later [0]."),
-        click.option("--history-limit", type=click.IntRange(1, 10_000), metavar="N",
+        click.option("--history-limit", type=_ints("history_limit"), metavar="N",
                      help="Finished runs kept [100]."),
         click.option("--target-url", metavar="URL",
                      help="Run with the built-in HTTP executor (schedctl worker http): call this URL."),

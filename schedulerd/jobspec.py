@@ -99,10 +99,17 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
     return spec
 
 
-# The range of each integer option, and (stored field, range, may be null) of each given in seconds.
-_INT_OPTIONS = {"max_attempts": (1, 100), "priority": (0, 9), "catchup_limit": (1, 1000), "history_limit": (1, 10_000)}
-_SECONDS_OPTIONS = {"starting_deadline_s": ("starting_deadline_us", 1, 604_800, True),
-                    "timeout_s": ("timeout_us", 1, 86_400, True), "jitter_s": ("jitter_us", 0, 86_400, False)}
+# The range allowed for each numeric option, by its name on the wire: schedctl's flags
+# and the OpenAPI schema take theirs from here, so none accepts what the API refuses.
+RANGES: dict[str, tuple[int, int]] = {
+    "max_attempts": (1, 100), "priority": (0, 9), "catchup_limit": (1, 1000), "history_limit": (1, 10_000),
+    "starting_deadline_s": (1, 604_800), "timeout_s": (1, 86_400), "jitter_s": (0, 86_400),
+    "backoff.base_ms": (1, 3_600_000), "backoff.factor": (1, 10), "backoff.max_ms": (1, 86_400_000),
+}
+_INT_OPTIONS = ("max_attempts", "priority", "catchup_limit", "history_limit")
+# Options given in seconds: (stored field, may be null).
+_SECONDS_OPTIONS = {"starting_deadline_s": ("starting_deadline_us", True), "timeout_s": ("timeout_us", True),
+                    "jitter_s": ("jitter_us", False)}
 
 
 def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
@@ -124,20 +131,20 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
         out["queue"] = raw["queue"]
     if "payload" in raw:
         out["payload_json"] = _payload_json(raw["payload"], limits)
-    for name, (low, high) in _INT_OPTIONS.items():
+    for name in _INT_OPTIONS:
         if name in raw:
-            out[name] = _int_in(raw[name], name, low, high)
+            out[name] = _int_in(raw[name], name, *RANGES[name])
     for name, allowed in (("misfire_policy", MisfirePolicy), ("overlap_policy", OverlapPolicy)):
         if name in raw:
             if raw[name] not in {p.value for p in allowed}:
                 raise InvalidJob(f"{name} must be one of {', '.join(p.value for p in allowed)}")
             out[name] = raw[name]
-    for name, (field, low, high, nullable) in _SECONDS_OPTIONS.items():
+    for name, (field, nullable) in _SECONDS_OPTIONS.items():
         if name in raw:
             if raw[name] is None and nullable:
                 out[field] = None
                 continue
-            out[field] = int(_number_in(raw[name], name, low, high) * US)
+            out[field] = int(_number_in(raw[name], name, *RANGES[name]) * US)
     if "backoff" in raw:
         backoff = _backoff(raw["backoff"], backoff_base or JOB_DEFAULTS["backoff"])
         out["backoff"] = backoff if backoff_base is None else {part: backoff[part] for part in raw["backoff"]}
@@ -152,11 +159,11 @@ def _backoff(raw: Any, base: dict[str, Any]) -> dict[str, Any]:
     _only(raw, {"base_ms", "factor", "max_ms"}, "backoff")
     b = dict(base)
     if "base_ms" in raw:
-        b["base_ms"] = _int_in(raw["base_ms"], "backoff.base_ms", 1, 3_600_000)
+        b["base_ms"] = _int_in(raw["base_ms"], "backoff.base_ms", *RANGES["backoff.base_ms"])
     if "factor" in raw:
-        b["factor"] = float(_number_in(raw["factor"], "backoff.factor", 1, 10))
+        b["factor"] = float(_number_in(raw["factor"], "backoff.factor", *RANGES["backoff.factor"]))
     if "max_ms" in raw:
-        b["max_ms"] = _int_in(raw["max_ms"], "backoff.max_ms", 1, 86_400_000)
+        b["max_ms"] = _int_in(raw["max_ms"], "backoff.max_ms", *RANGES["backoff.max_ms"])
     problem = retry.backoff_problem(b)
     if problem:
         raise InvalidJob(problem)

@@ -61,8 +61,8 @@ async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = Non
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if tokens is not None:
-        loop.add_signal_handler(signal.SIGHUP, tokens.reload)
+    # Always handled: the default action would end the node, and a unit's ExecReload sends it.
+    loop.add_signal_handler(signal.SIGHUP, tokens.reload if tokens is not None else _nothing_to_reload)
     log.info("node_started http=%s:%d raft=%s peers=%s data_dir=%s", config.http_host, config.http_port,
              config.raft.self_addr, ",".join(config.raft.peers) or "-", config.raft.data_dir)
     await stop.wait()
@@ -70,6 +70,10 @@ async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = Non
     await runner.cleanup()
     await loops.stop()
     node.stop()
+
+
+def _nothing_to_reload() -> None:
+    log.info("reload_ignored reason=no --tokens-file; the node has nothing else to reload")
 
 
 @click.group(invoke_without_command=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedulerd.jobspec import CREATE_FIELDS, OPTION_FIELDS
+from schedulerd.jobspec import CREATE_FIELDS, OPTION_FIELDS, RANGES
 from schedulerd.limits import Limits
 from storage.model import JobState, MisfirePolicy, OverlapPolicy, RunState
 
@@ -27,6 +27,17 @@ TARGET: Schema = {"type": ["object", "null"], "description": "Run by the built-i
                       "body": {"type": "string", "description": "Default: the job's payload as JSON."},
                       "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}}}
 
+
+def _ranged(option: str, schema: Schema) -> Schema:
+    """A numeric option's schema with the range the API allows it (jobspec.RANGES)."""
+    low, high = RANGES[option]
+    return {**schema, "minimum": low, "maximum": high}
+
+
+def _seconds(option: str, nullable: bool = True) -> Schema:
+    return _ranged(option, {"type": ["number", "null"] if nullable else "number", "description": "seconds"})
+
+
 JOB_FIELD_SCHEMAS: dict[str, Schema] = {
     "job_id": {"type": "string", "maxLength": 200, "description": "Yours; generated when absent."},
     "idempotency_key": {"type": "string", "description": "Same key + same body: 200 with the first job; "
@@ -37,16 +48,18 @@ JOB_FIELD_SCHEMAS: dict[str, Schema] = {
                                 "every": _DURATION}},
     "queue": {"type": "string", "default": "default"},
     "payload": {"description": "Any JSON value, handed to the worker as is."},
-    "max_attempts": {"type": "integer", "minimum": 1, "default": 3},
-    "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
+    "max_attempts": _ranged("max_attempts", {"type": "integer", "default": 3}),
+    "priority": _ranged("priority", {"type": "integer", "default": 0}),
     "misfire_policy": {"enum": [p.value for p in MisfirePolicy], "default": MisfirePolicy.FIRE_ONCE.value},
-    "catchup_limit": {"type": "integer", "minimum": 1, "default": 100},
-    "starting_deadline_s": _SECONDS,
+    "catchup_limit": _ranged("catchup_limit", {"type": "integer", "default": 100}),
+    "starting_deadline_s": _seconds("starting_deadline_s"),
     "overlap_policy": {"enum": [p.value for p in OverlapPolicy], "default": OverlapPolicy.ALLOW.value},
-    "backoff": {"type": "object", "properties": {"base_ms": _INT, "factor": {"type": "number"}, "max_ms": _INT}},
-    "timeout_s": _SECONDS,
-    "jitter_s": _SECONDS,
-    "history_limit": {"type": "integer", "minimum": 1, "default": 100},
+    "backoff": {"type": "object", "properties": {"base_ms": _ranged("backoff.base_ms", _INT),
+                                                 "factor": _ranged("backoff.factor", {"type": "number"}),
+                                                 "max_ms": _ranged("backoff.max_ms", _INT)}},
+    "timeout_s": _seconds("timeout_s"),
+    "jitter_s": _seconds("jitter_s", nullable=False),
+    "history_limit": _ranged("history_limit", {"type": "integer", "default": 100}),
     "target": TARGET,
 }
 

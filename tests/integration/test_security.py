@@ -109,6 +109,15 @@ def test_scopes_decide_what_each_token_may_call(make_cluster, tmp_path: pathlib.
     tokens_file.write_text(good)
 
 
+def test_a_reload_signal_without_a_tokens_file_leaves_the_node_serving(make_cluster) -> None:
+    # A unit's ExecReload sends SIGHUP whatever the node's flags; its default action would end the node.
+    node = make_cluster(1).nodes[0]
+    node.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "reload_ignored" in pathlib.Path(node.log_path).read_text(), 10, "the ignored reload")
+    assert node.proc.poll() is None
+    assert http("GET", f"{node.url}/healthz")[0] == 200
+
+
 def test_the_worker_sdk_sends_its_token(make_cluster, tmp_path: pathlib.Path) -> None:
     tokens_file = tmp_path / "tokens.yaml"
     admin = token(tokens_file, "ops", "admin")

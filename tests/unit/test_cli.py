@@ -91,6 +91,8 @@ def test_create_without_id_gets_a_generated_one(one):
      "'2026-12-01T02:00:00' has no zone; add 'Z' or an offset like +01:00"),
     (["--every", "5s", "--priority", "10"],
      "error: usage: Invalid value for '--priority': 10 is not in the range 0<=x<=9."),
+    (["--every", "5s", "--catchup-limit", "1001"],
+     "error: usage: Invalid value for '--catchup-limit': 1001 is not in the range 1<=x<=1000."),
 ])
 def test_bad_schedule_flags_fail_before_any_request(one, flags, expected):
     cluster, server = one

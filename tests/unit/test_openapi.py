@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from schedulerd import api, openapi, routes_preview
-from schedulerd.jobspec import CREATE_FIELDS, OPTION_FIELDS
+from schedulerd.errors import InvalidJob
+from schedulerd.jobspec import CREATE_FIELDS, OPTION_FIELDS, RANGES, parse_options
 from schedulerd.limits import Limits
 
 
@@ -58,3 +60,30 @@ def test_the_document_is_served() -> None:
 
     doc = asyncio.run(go())
     assert doc["openapi"] == "3.1.0" and "/v1/jobs/{job_id}/runs" in doc["paths"]
+
+
+def _option_schema(option: str) -> dict:
+    name, _, part = option.partition(".")
+    schema = openapi.JOB_CREATE["properties"][name]
+    return schema["properties"][part] if part else schema
+
+
+def _raw(option: str, value: float) -> dict:
+    """The option alone; a backoff part beside the other part's value that allows it (max_ms >= base_ms)."""
+    name, _, part = option.partition(".")
+    if not part:
+        return {name: value}
+    room = {"base_ms": {"max_ms": RANGES["backoff.max_ms"][1]}, "max_ms": {"base_ms": 1}}.get(part, {})
+    return {name: {part: value, **room}}
+
+
+@pytest.mark.parametrize("option", sorted(RANGES))
+def test_each_numeric_option_is_described_with_the_range_the_api_allows(option: str) -> None:
+    low, high = RANGES[option]
+    schema = _option_schema(option)
+    assert (schema["minimum"], schema["maximum"]) == (low, high)
+    parse_options(_raw(option, low), 0, Limits())
+    parse_options(_raw(option, high), 0, Limits())
+    for outside in (low - 1, high + 1):
+        with pytest.raises(InvalidJob):
+            parse_options(_raw(option, outside), 0, Limits())
