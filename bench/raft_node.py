@@ -218,13 +218,13 @@ def _job_ids(prefix: str) -> Iterator[str]:
         yield f"{prefix}-{n}"
 
 
-def _create_blob(ids: Iterator[str], jobs: int) -> bytes:
+def _create_blob(ids: Iterator[str], jobs: int, version: int) -> bytes:
     now_us = time.time_ns() // 1000
     at_us = now_us + FAR_FUTURE_US
     specs = [{"job_id": next(ids), "schedule": {"kind": "at", "at_us": at_us},
               "schedule_spec": {"at": "ten years from now"}, "queue": "bench",
               "payload_json": "{}", "max_attempts": 3, "priority": 0} for _ in range(jobs)]
-    return ops.encode(Op.CREATE_JOBS, {"now": now_us, "jobs": specs})
+    return ops.encode(Op.CREATE_JOBS, {"now": now_us, "jobs": specs}, version)
 
 
 async def run_workload(group: Group, params: dict[str, Any]) -> dict[str, Any]:
@@ -251,7 +251,7 @@ async def _measure(group: Group, name: str, callers: int, jobs: int, ids: Iterat
 
     async def caller() -> None:
         while (start := loop.time()) < window_end:
-            blob = _create_blob(ids, jobs)
+            blob = _create_blob(ids, jobs, group.versions.writes())
             try:
                 result = await asyncio.wait_for(group.propose(blob, loop), PROPOSE_TIMEOUT_S)
             except (ProposalFailed, asyncio.TimeoutError) as exc:

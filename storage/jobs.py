@@ -91,7 +91,8 @@ def _anchored(schedule: dict[str, Any], now: int) -> dict[str, Any]:
 
 
 def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    """Stop new occurrences and cancel runs not yet leased; a running run may finish."""
+    """Stop new occurrences and cancel runs not yet leased; a running run may finish, but
+    is not retried if its attempt fails (leases._fail)."""
     job_id, now = cmd["job_id"], cmd["now"]
     job = records.get_job(ctx, job_id)
     if job is None:
@@ -99,7 +100,7 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     if job["state"] == JobState.CANCELLED:
         return {"ok": True, "cancelled_runs": 0}
     pending = _pending_runs(ctx, job_id)
-    if job["state"] == JobState.COMPLETED and not pending:
+    if job["state"] == JobState.COMPLETED and not pending and not _still_running(ctx, job_id):
         return _fail("conflict", f"job {job_id!r} is completed; nothing to cancel")
     old_fire, was = job["next_fire_us"], job["state"]
     job.update(state=job_transition(job["state"], JobEvent.CANCEL), next_fire_us=None, updated_us=now)
@@ -108,6 +109,11 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         records.update_run(ctx, run, dict(run, state=run_transition(run["state"], RunEvent.CANCEL),
                                           finished_us=now, reason=Reason.JOB_CANCELLED.value))
     return {"ok": True, "cancelled_runs": len(pending)}
+
+
+def _still_running(ctx: Ctx, job_id: str) -> bool:
+    """A completed one-off whose run is running has something to cancel: a retry of it."""
+    return ctx.version >= ops.CANCEL_RUNNING_SINCE and records.job_stats(ctx, job_id)["running"] > 0
 
 
 def _pending_runs(ctx: Ctx, job_id: str) -> list[Record]:

@@ -14,8 +14,8 @@ from storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 6
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
+VERSION = 7
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -42,6 +42,10 @@ SPEC_DEFAULTS_SINCE = 5
 # completes them from the job's backoff as stored, and refuses a result whose max_ms is
 # below its base_ms (jobs.update_job).
 BACKOFF_PARTS_SINCE = 6
+# Since 7 (2026-12-03): a cancel of a completed one-off whose run is still running
+# cancels the job (before, a conflict), so that run is not retried if its attempt fails
+# (jobs.cancel_job).
+CANCEL_RUNNING_SINCE = 7
 
 
 class Op(IntEnum):

@@ -74,7 +74,10 @@ def test_a_rolling_upgrade_writes_the_old_version_until_every_node_reads_the_new
         node.root = new
     cluster.start()
     try:
-        assert [versions(n) for n in cluster.nodes] == [(ops.VERSION, NEXT)] * 2 + [(ops.VERSION, ops.VERSION)]
+        # Until the leader has heard every voter, the cluster writes ops.VERSION_FLOOR.
+        mixed = [(ops.VERSION, NEXT)] * 2 + [(ops.VERSION, ops.VERSION)]
+        wait_until(lambda: [versions(n) for n in cluster.nodes] == mixed, 15,
+                   f"the mixed cluster to write version {ops.VERSION}")
         run_one_job_through_each_node(cluster, "mixed")
         cluster.wait_converged()
         assert old_node.proc is not None and old_node.proc.poll() is None, "the old node stopped"

@@ -135,7 +135,8 @@ class Model:
         if job["state"] == "cancelled":
             return (True, None, 0), True  # idempotent
         pending = [r for r in self.job_runs(job["job_id"]) if r["state"] in PENDING]
-        if job["state"] == "completed" and not pending:
+        running = self.entry_version >= 7 and any(r["state"] == "running" for r in self.job_runs(job["job_id"]))
+        if job["state"] == "completed" and not pending and not running:
             return (False, "conflict", None), True
         job.update(state="cancelled", next_fire_us=None)
         for run in pending:  # a running run may finish

@@ -383,6 +383,25 @@ def test_cancel_completed_one_off_with_queued_run_cancels_it(d: Driver) -> None:
     assert d.run(run_id)["state"] == RunState.CANCELLED
 
 
+def test_cancel_of_a_one_off_whose_run_is_running_cancels_it_and_its_retry(d: Driver) -> None:
+    _create_claiming(d, "a", AT)
+    (task,) = d.lease(T0 + 10 * S)
+    assert d.job("a")["state"] == JobState.COMPLETED
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 11 * S, job_id="a") == {"ok": True, "cancelled_runs": 0}
+    assert d.job("a")["state"] == JobState.CANCELLED
+    assert d.run(task["run_id"])["state"] == RunState.RUNNING  # the attempt may finish...
+    d.apply(Op.NACK, now=T0 + 12 * S, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="x")
+    assert d.run(task["run_id"])["state"] == RunState.CANCELLED  # ...and is not retried
+    assert d.lease(T0 + 3600 * S) == []
+
+
+def test_an_entry_from_before_version_7_keeps_the_conflict_for_a_running_one_off(d: Driver) -> None:
+    _create_claiming(d, "a", AT)
+    (task,) = d.lease(T0 + 10 * S)
+    res = d.apply(Op.CANCEL_JOB, version=ops.CANCEL_RUNNING_SINCE - 1, now=T0 + 11 * S, job_id="a")
+    assert res["code"] == "conflict" and d.job("a")["state"] == JobState.COMPLETED
+
+
 def test_a_one_off_stores_no_run_counts_through_its_life(d: Driver) -> None:
     (run_id,) = _create_claiming(d, "a", AT)["runs"]
     (task,) = d.lease(T0 + 10 * S)

@@ -29,9 +29,10 @@ FAST = dict(election_timeout_s_min=0.3, election_timeout_s_max=0.6, leader_fallb
 
 
 def create_blob(job_id: str) -> bytes:
+    """At the floor: a leader that has not yet heard every voter writes no newer entry."""
     return ops.encode(Op.CREATE_JOBS, {"now": T0, "jobs": [{
         "job_id": job_id, "schedule": {"kind": "at", "at_us": T0 + 3600 * S}, "schedule_spec": {},
-        "queue": "q", "payload_json": "{}", "max_attempts": 1, "priority": 0}]})
+        "queue": "q", "payload_json": "{}", "max_attempts": 1, "priority": 0}]}, ops.VERSION_FLOOR)
 
 
 class Recorder:
@@ -261,7 +262,8 @@ def test_a_wiped_node_catches_up_from_a_snapshot(tmp_path: pathlib.Path, loop, m
 def big_create_blob(job_id: str, pad: int = 4000) -> bytes:
     return ops.encode(Op.CREATE_JOBS, {"now": T0, "jobs": [{
         "job_id": job_id, "schedule": {"kind": "at", "at_us": T0 + 3600 * S}, "schedule_spec": {},
-        "queue": "q", "payload_json": '"' + "x" * pad + '"', "max_attempts": 1, "priority": 0}]})
+        "queue": "q", "payload_json": '"' + "x" * pad + '"', "max_attempts": 1,
+        "priority": 0}]}, ops.VERSION_FLOOR)
 
 
 def test_entries_of_any_size_up_to_entry_bytes_max_reach_every_follower(tmp_path: pathlib.Path, loop,

@@ -110,7 +110,7 @@ PICK = st.integers(0, 63)
 # Entries are written at this build's version; one written earlier (before a rolling restart)
 # keeps the rules it had: at 1 no withdrawal by pause or update and no deferred claims, before
 # 3 no claim in the creating entry, before 4 every job's run counts stored.
-VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 3, 2, 1])
+VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 6, 3, 2, 1])
 
 
 def resolve(schedule: tuple[str, int], now: int) -> Rec:
@@ -358,9 +358,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                version: int) -> None:
         self._create([self._spec(j, schedule, opts) for j in job_ids], window, version)
 
-    @rule(job_id=st.sampled_from(TARGETS))
-    def cancel(self, job_id: str) -> None:
-        self.propose(Op.CANCEL_JOB, self.model.cancel, now=self.now, job_id=job_id)
+    @rule(job_id=st.sampled_from(TARGETS), version=VERSIONS)
+    def cancel(self, job_id: str, version: int) -> None:
+        self.propose(Op.CANCEL_JOB, self.model.cancel, version, now=self.now, job_id=job_id)
 
     @rule(job_id=st.sampled_from(TARGETS), version=VERSIONS)
     def pause(self, job_id: str, version: int) -> None:
