@@ -48,6 +48,9 @@ class Principal:
     def may_use(self, namespace: str) -> bool:
         return ALL_NAMESPACES in self.namespaces or namespace in self.namespaces
 
+    def may_use_all(self) -> bool:
+        return ALL_NAMESPACES in self.namespaces
+
 
 OPEN = Principal("anonymous (auth off)", frozenset({"admin"}), frozenset({ALL_NAMESPACES}))
 # Who made the request (None on routes that need no token), set by the auth middleware.
@@ -128,9 +131,19 @@ class TokenFile:
         return found
 
 
+# Routes whose answer names jobs or queues of every namespace: a token limited to some
+# namespaces would learn of the others' there.
+CLUSTER_WIDE_ROUTES = frozenset({"/v1/audit", "/metrics"})
+
+
 def authorize(principal: Principal, method: str, route: str) -> None:
     needed = required_scopes(method, route)
-    if needed is None or principal.scopes & needed:
+    if needed is None:
+        return
+    if route in CLUSTER_WIDE_ROUTES and not principal.may_use_all():
+        raise Forbidden(f"{method} {route} spans every namespace; token {principal.name!r} is limited to "
+                        f"{', '.join(sorted(principal.namespaces))}")
+    if principal.scopes & needed:
         return
     raise Forbidden(f"{method} {route} needs scope {' or '.join(s for s in SCOPES if s in needed)}; "
                     f"token {principal.name!r} has {', '.join(sorted(principal.scopes))}")

@@ -177,7 +177,8 @@ def test_a_token_limited_to_a_namespace_sees_nothing_else(make_cluster, tmp_path
     admin = token(tokens_file, "ops", "admin")
     team = token(tokens_file, "payments-deployer", "scheduler", namespace="payments")
     team_worker = token(tokens_file, "payments-worker", "worker", namespace="payments")
-    url = make_cluster(1, ["--tokens-file", str(tokens_file)], token=admin).nodes[0].url
+    node = make_cluster(1, ["--tokens-file", str(tokens_file)], token=admin).nodes[0]
+    url = node.url
     now = datetime.now(timezone.utc).isoformat()
     job = {"job_id": "nightly", "schedule": {"at": now}, "queue": "q"}
     assert http("POST", f"{url}/v1/jobs", job, token=admin)[0] == 201  # the default namespace's
@@ -207,3 +208,11 @@ def test_a_token_limited_to_a_namespace_sees_nothing_else(make_cluster, tmp_path
     assert default_run["state"] == "queued", "the default namespace's run was not handed to payments"
     with pytest.raises(NotFound):
         ours.get_run(default_run["run_id"])  # guessing a run id of another namespace: 404
+
+    # The audit log and the metrics name every namespace's jobs and queues: not for this token.
+    team_admin = token(tokens_file, "payments-admin", "admin", namespace="payments")
+    node.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: status_of(f"{url}/v1/cluster", team_admin) == 200, 10, "the reloaded tokens")
+    assert status_of(f"{url}/v1/audit", team_admin) == 403
+    assert status_of(f"{url}/metrics", team) == 403
+    assert status_of(f"{url}/metrics", admin) == 200
