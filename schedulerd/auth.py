@@ -57,6 +57,12 @@ OPEN = Principal("anonymous (auth off)", frozenset({"admin"}), frozenset({ALL_NA
 PRINCIPAL = web.RequestKey("principal", object)
 
 
+def may_manage_jobs(request: web.Request) -> bool:
+    """Whether the caller could create and change jobs (and so set what a job's view holds)."""
+    principal = request.get(PRINCIPAL)
+    return not isinstance(principal, Principal) or bool(principal.scopes & {"admin", "scheduler"})
+
+
 def audit_note(request: web.Request, what: str, **extra: Any) -> dict[str, Any]:
     """The `audit` field of a command proposed for this request (storage/audit.py)."""
     principal = request.get(PRINCIPAL)

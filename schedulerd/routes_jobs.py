@@ -9,7 +9,7 @@ from schedulerd import jobspec, request as req, views
 from schedulerd.coalescer import Coalescer
 from raft.group import Group
 from schedulerd import namespaces
-from schedulerd.auth import audit_note
+from schedulerd.auth import audit_note, may_manage_jobs
 from schedulerd.errors import InvalidRequest, NotFound, SchedulerError, from_wire
 from schedulerd.node import Node
 from storage import queries
@@ -133,7 +133,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         return response
 
     async def get(request: web.Request) -> web.Response:
-        return views.respond(_job_view(node, _job_id(request)))
+        return views.respond(_job_view(node, _job_id(request), may_manage_jobs(request)))
 
     async def list_jobs(request: web.Request) -> web.Response:
         state = request.query.get("state")
@@ -159,7 +159,8 @@ def routes(node: Node) -> list[web.RouteDef]:
         next_cursor = _merge_cursor(jobs, limit, cursors)
         if next_cursor is not None:
             jobs = [j for j in jobs if j["job_id"] <= next_cursor]
-        return views.respond({"jobs": [views.job(j) for j in jobs], "next_cursor": next_cursor})
+        shown = may_manage_jobs(request)
+        return views.respond({"jobs": [views.job(j, shown) for j in jobs], "next_cursor": next_cursor})
 
     async def cancel(request: web.Request) -> web.Response:
         job_id = _job_id(request)
@@ -273,8 +274,8 @@ def _job_record(node: Node, job_id: str) -> dict[str, Any]:
     return rec
 
 
-def _job_view(node: Node, job_id: str) -> dict[str, Any]:
-    return views.job(queries.as_seen(_job_record(node, job_id), node.now_us()))
+def _job_view(node: Node, job_id: str, headers_shown: bool = True) -> dict[str, Any]:
+    return views.job(queries.as_seen(_job_record(node, job_id), node.now_us()), headers_shown)
 
 
 def _created_view(node: Node, result: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,12 @@ def _seconds(us: int | None) -> float | int | None:
     return us // US if us % US == 0 else us / US
 
 
-def job(rec: dict[str, Any]) -> dict[str, Any]:
+REDACTED = "(redacted)"
+
+
+def job(rec: dict[str, Any], headers_shown: bool = True) -> dict[str, Any]:
+    """headers_shown False: the values of the target's headers (credentials for the
+    endpoint it calls, often) are replaced by REDACTED, for callers who may only read."""
     # Built in its outward form at once (as `outward` would leave it): a batch create
     # answers with up to create_batch_max of these.
     namespace, job_id = split(rec["job_id"])
@@ -42,13 +47,19 @@ def job(rec: dict[str, Any]) -> dict[str, Any]:
         "timeout_s": _seconds(rec["timeout_us"]),
         "jitter_s": _seconds(rec["jitter_us"]),
         "history_limit": rec["history_limit"],
-        "target": rec.get("target"),
+        "target": _target(rec.get("target"), headers_shown),
         "idempotency_key": rec.get("idempotency_key"),
         "next_fire_time": to_iso(rec["next_fire_us"]),
         "created_at": to_iso(rec["created_us"]),
         "updated_at": to_iso(rec["updated_us"]),
         "namespace": namespace,
     }
+
+
+def _target(target: dict[str, Any] | None, headers_shown: bool) -> dict[str, Any] | None:
+    if headers_shown or not target or not target.get("headers"):
+        return target
+    return dict(target, headers={name: REDACTED for name in target["headers"]})
 
 
 def run(rec: dict[str, Any]) -> dict[str, Any]:

@@ -96,6 +96,17 @@ def test_scopes_decide_what_each_token_may_call(make_cluster, tmp_path: pathlib.
                          capture_output=True, text=True)
     assert out.returncode == 0 and "deployer" in out.stdout and "create job j" in out.stdout
 
+    # A target's header values are credentials for the endpoint it calls, often: shown to
+    # whoever may set them, redacted for a read-only token; the worker's task has them.
+    hook = {"job_id": "hook", "schedule": {"at": "2099-01-01T00:00:00Z"}, "queue": "hooks",
+            "target": {"kind": "http", "url": "https://example.invalid/", "headers": {"Authorization": "Bearer s3"}}}
+    assert http("POST", f"{url}/v1/jobs", hook, token=sched)[0] == 201
+    assert http("GET", f"{url}/v1/jobs/hook", token=sched)[1]["target"]["headers"] == {"Authorization": "Bearer s3"}
+    for seen in (http("GET", f"{url}/v1/jobs/hook", token=read)[1],
+                 next(j for j in http("GET", f"{url}/v1/jobs", token=read)[1]["jobs"] if j["job_id"] == "hook")):
+        assert seen["target"]["headers"] == {"Authorization": "(redacted)"}
+        assert seen["target"]["url"] == "https://example.invalid/"
+
     # SIGHUP reloads the file: a new token works at once; a broken file keeps the old ones.
     late = token(tokens_file, "late", "read")
     assert http("GET", f"{url}/v1/jobs", token=late)[0] == 401
