@@ -6,6 +6,7 @@ import asyncio
 import ipaddress
 import logging
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -246,14 +247,17 @@ def dev_cluster(nodes: int, base_port: int, data_dir: str) -> None:
 @cli.command("backup")
 @click.option("--data-dir", required=True, help="The node's data dir (the node may be running).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Backup file to write.")
-@click.option("--group", default=0, show_default=True, help="Raft group to back up.")
-def backup(data_dir: str, out_path: str, group: int) -> None:
+@click.option("--group", type=click.IntRange(min=0),
+              help="Raft group to back up: required when the node runs more than one (--groups).")
+def backup(data_dir: str, out_path: str, group: int | None) -> None:
     """Write a consistent copy of one group's store (safe while the node runs).
 
     \b
     Example:
         schedulerd backup --data-dir /var/lib/schedulerd --out /backups/sched-$(date +%F).snap
     """
+    if group is None:
+        group = _only_group(data_dir)
     lmdb_path = os.path.join(data_dir, f"group-{group}.lmdb")
     if not os.path.isdir(lmdb_path):
         raise click.BadParameter(f"no store at {lmdb_path}", param_hint="'--data-dir'")
@@ -264,10 +268,23 @@ def backup(data_dir: str, out_path: str, group: int) -> None:
     click.echo(f"backup of group {group} at raft index {applied}: {out_path} ({os.path.getsize(out_path)} bytes)")
 
 
+def _only_group(data_dir: str) -> int:
+    """The one group a data dir holds; a node of several needs each backed up on purpose,
+    not group 0 alone by default."""
+    groups = sorted(int(m.group(1)) for m in (re.fullmatch(r"group-(\d+)\.lmdb", name)
+                                             for name in (os.listdir(data_dir) if os.path.isdir(data_dir) else []))
+                    if m)
+    if len(groups) > 1:
+        raise click.UsageError(f"{data_dir} holds groups {', '.join(map(str, groups))}: back up each with "
+                               "--group N, to a file of its own, and restore each with the same --group")
+    return groups[0] if groups else 0
+
+
 @cli.command("restore")
 @click.option("--from", "backup_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--data-dir", required=True, help="An empty data dir for a node of the new cluster.")
-@click.option("--group", default=0, show_default=True)
+@click.option("--group", default=0, show_default=True, type=click.IntRange(min=0),
+              help="The group the backup is of (the --group given to backup).")
 def restore(backup_path: str, data_dir: str, group: int) -> None:
     """Seed an empty data dir from a backup; do it on every node of a new cluster,
     with the same file, then start them. The cluster continues after the backup.

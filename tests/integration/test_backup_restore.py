@@ -74,3 +74,13 @@ def test_a_cluster_restored_from_a_backup_has_what_the_backup_held_and_goes_on(
         assert len(digests) == 1
     finally:
         new.stop()
+
+
+def test_a_backup_of_a_node_with_several_groups_must_name_the_group(tmp_path: pathlib.Path) -> None:
+    data_dir = tmp_path / "node"
+    for group in (0, 1):
+        (data_dir / f"group-{group}.lmdb").mkdir(parents=True)
+    refused = schedulerd("backup", "--data-dir", str(data_dir), "--out", str(tmp_path / "b.snap"))
+    assert refused.returncode == 2
+    assert "holds groups 0, 1: back up each with --group N" in refused.stderr
+    assert not (tmp_path / "b.snap").exists()
