@@ -46,7 +46,7 @@ class Metrics:
                             "(claimed, leased, acked, nacked, retried, dead_lettered, lease_expired, "
                             "cancelled, redriven).", ["event"], registry=r)
         self.skipped = Counter("schedulerd_runs_skipped", "Occurrences recorded as skipped instead of run, "
-                               "by reason (misfire, overlap, deadline, catchup_limit).", ["reason"], registry=r)
+                               "by reason (misfire_skip, overlap, deadline, catchup_limit).", ["reason"], registry=r)
         self.lateness = BulkHistogram("schedulerd_dispatch_lateness_seconds",
                                       "First lease of an occurrence minus its scheduled time.", LATENESS_BUCKETS_S)
         r.register(self.lateness)
