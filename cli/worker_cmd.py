@@ -212,7 +212,8 @@ def http_worker(session: Session, queues: tuple[str, ...], concurrency: int, wor
             --target-url https://billing.internal/close-day
     Each call sends Idempotency-Key: <job_id>:<scheduled_time> (the same on every
     retry of one occurrence: dedupe on it). 2xx acks with the status and the start
-    of the body; any other status, a timeout (target timeout_s, else the job's
+    of the body; any other status (a redirect too: it is not followed), a
+    timeout (target timeout_s, else the job's
     timeout_s, else 30 s) or a connection error nacks, so the run is retried with
     backoff and dead-lettered after max_attempts.
 

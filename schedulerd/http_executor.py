@@ -1,6 +1,6 @@
 """The built-in HTTP executor: runs tasks whose job has an `http` target by
 calling the URL. 2xx acks with the status and the start of the body; anything
-else, a timeout or a connection error nacks, so the run retries with backoff
+else (a 3xx too: redirects are not followed), a timeout or a connection error nacks, so the run retries with backoff
 and dead-letters after max_attempts.
 
 Every call carries `Idempotency-Key: <job_id:scheduled_time>`, the same on every
@@ -46,17 +46,24 @@ class HttpExecutor:
             headers.setdefault("Content-Type", "application/json")
         timeout_s = target.get("timeout_s") or task.timeout_s or DEFAULT_TIMEOUT_S
         try:
+            # A redirect is answered, not followed: following one would turn a POST into a
+            # GET without its body on a 301/302 (and ack a call that never happened), and
+            # carry the target's headers and the idempotency key to whatever host it names.
             async with self._client().request(method, target["url"], data=body, headers=headers,
                                               timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                              ssl=self._ssl) as resp:
+                                              ssl=self._ssl, allow_redirects=False) as resp:
                 excerpt = (await resp.content.read(BODY_EXCERPT_BYTES)).decode("utf-8", errors="replace")
                 status = resp.status
+                location = resp.headers.get("Location")
         except TimeoutError:
             raise TargetFailed(f"{method} {target['url']}: no answer within {timeout_s:g}s") from None
         except aiohttp.ClientError as exc:
             raise TargetFailed(f"{method} {target['url']}: {type(exc).__name__}: {exc}") from None
         if 200 <= status < 300:
             return {"status": status, "body": excerpt}
+        if location is not None:
+            raise TargetFailed(f"HTTP {status} from {method} {target['url']} to {location} (redirects are not "
+                               "followed: give the target the final URL)")
         raise TargetFailed(f"HTTP {status} from {method} {target['url']}: {excerpt}")
 
     def _client(self) -> aiohttp.ClientSession:

@@ -60,6 +60,8 @@ class TargetService:
             return web.Response(status=503, text="warming up")
         if job == "broken":
             return web.Response(status=500, text="database is on fire")
+        if job == "moved":
+            return web.Response(status=301, headers={"Location": "/ok"})
         if job == "slow":
             await asyncio.sleep(3)
         return web.Response(status=200, text=f"done {job}")
@@ -78,6 +80,7 @@ def test_http_worker_acks_retries_dead_letters_and_sends_the_idempotency_key(mak
             "flaky": {},
             "broken": {},
             "slow": {"timeout_s": 0.5},
+            "moved": {"headers": {"X-Api-Key": "s3cret"}},
         }
         for job_id, extra in jobs.items():
             status, body = node.post("/v1/jobs", {
@@ -97,7 +100,7 @@ def test_http_worker_acks_retries_dead_letters_and_sends_the_idempotency_key(mak
                 return {j: node.get(f"/v1/jobs/{j}/runs")[1]["runs"][0]["state"] for j in [*jobs, "no-target"]}
 
             wait_until(lambda: states() == {"ok": "succeeded", "flaky": "succeeded", "broken": "dead_letter",
-                                            "slow": "dead_letter", "no-target": "dead_letter"}, 30,
+                                            "slow": "dead_letter", "moved": "dead_letter", "no-target": "dead_letter"}, 30,
                        "every run to finish")
         except AssertionError:
             worker.send_signal(signal.SIGTERM)
@@ -121,5 +124,10 @@ def test_http_worker_acks_retries_dead_letters_and_sends_the_idempotency_key(mak
         assert "HTTP 500" in runs["broken"]["error"] and "database is on fire" in runs["broken"]["error"]
         assert "no answer within 0.5s" in runs["slow"]["error"]
         assert "has no http target" in runs["no-target"]["error"]
+        # A redirect is not followed: the POST would become a GET without its body, and the
+        # target's headers would go to wherever it points.
+        assert "HTTP 301" in runs["moved"]["error"] and "redirects are not followed" in runs["moved"]["error"]
+        assert [c["method"] for c in service.calls["moved"]] == ["POST", "POST"]
+        assert [c["key"] for c in service.calls["ok"]] == [f"ok:{ok['scheduled_time']}"]
         # Keep-alive: the pool reused connections instead of opening one per call.
         assert len(service.peers) < sum(len(c) for c in service.calls.values())
