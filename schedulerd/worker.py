@@ -28,7 +28,7 @@ import uvloop
 
 from schedulerd.errors import (Conflict, InvalidRequest, LimitExceeded, SchedulerError, StaleFence, TooLarge,
                                Unavailable, from_wire)
-from schedulerd.worker_acks import AckBatcher
+from schedulerd.worker_acks import ACK_BATCH_MAX, AckBatcher
 
 log = logging.getLogger("schedulerd.worker")
 
@@ -365,8 +365,15 @@ class Worker:
                 loop = asyncio.get_running_loop()
                 result = await loop.run_in_executor(self._executor, handler, task)
             if result is not None:
-                json.dumps(result)  # fail as a nack with the handler's name, not in the HTTP client
-        except Exception as exc:
+                # A JSON value (json refuses a set, which the ack's encoder would send as a
+                # list) that the ack's encoder can carry (it refuses a dict keyed by None,
+                # which json writes as "null"): else this task fails as a nack, rather than
+                # every ack of the batch it would join.
+                json.dumps(result)
+                _encode(result)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # sys.exit() in a handler fails its task, not the worker
             return "nack", _error_text(exc)
         return "ack", result
 
@@ -462,6 +469,11 @@ class Worker:
             await asyncio.gather(*(self._heartbeat(s, ls) for s, ls in by_server.items()))
 
     async def _heartbeat(self, server: str, leases: list[_Lease]) -> None:
+        """Extend the leases through `server`, in requests the server's ack_batch_max allows."""
+        await asyncio.gather(*(self._heartbeat_batch(server, leases[lo:lo + ACK_BATCH_MAX])
+                               for lo in range(0, len(leases), ACK_BATCH_MAX)))
+
+    async def _heartbeat_batch(self, server: str, leases: list[_Lease]) -> None:
         body = {"worker_id": self.worker_id,
                 "leases": [{"run_id": l.task.run_id, "fence": l.task.fence} for l in leases]}
         try:

@@ -66,6 +66,7 @@ class FakeCluster:
         self.any_queue = False  # deliver tasks of queues the poll did not ask for
         self.result_bytes_max = 16 * 1024
         self.lease_batch_max = 500
+        self.ack_batch_max = 500
         self.ack_delay_s = 0.0  # how long a batch ack takes to commit
         self.lock = threading.Lock()
         self.queued: list[dict[str, Any]] = []
@@ -203,6 +204,10 @@ class FakeNode:
 
     async def heartbeat_batch(self, request: web.Request) -> web.Response:
         body = await request.json()
+        if len(body["leases"]) > self.cluster.ack_batch_max:
+            return self.reply("heartbeat_batch", body, 400, {"error": {
+                "code": "limit_exceeded", "message": f"{len(body['leases'])} leases; ack_batch_max is "
+                                                     f"{self.cluster.ack_batch_max}"}})
         results = []
         for lease in body["leases"]:
             until = self.cluster.extend(lease["run_id"], body["worker_id"], lease["fence"])
@@ -350,13 +355,19 @@ def test_handler_exception_is_nacked_with_error_text(net, caplog):
     def send(task: Task) -> Any:
         if task.payload == "not json":
             return {1, 2}
+        if task.payload == "null key":
+            return {None: 1}  # json.dumps writes it as "null"; the ack's encoder refuses it
+        if task.payload == "exit":
+            sys.exit(3)
         raise ValueError(task.payload)
 
     short = cluster.add("emails", "bad address: nobody@")
     huge = cluster.add("emails", "x" * 20_000)
     not_json = cluster.add("emails", "not json")
+    null_key = cluster.add("emails", "null key")
+    exits = cluster.add("emails", "exit")
     net.run(worker)
-    wait_until(lambda: worker.stats.nacked == 3, what="three nacks")
+    wait_until(lambda: worker.stats.nacked == 5, what="five nacks")
 
     nacks = {b["run_id"]: b["error"] for b in cluster.bodies("nack")}
     assert nacks[short].startswith("ValueError: bad address: nobody@\n")
@@ -364,7 +375,9 @@ def test_handler_exception_is_nacked_with_error_text(net, caplog):
     assert len(nacks[huge].encode()) <= ERROR_BYTES_MAX
     assert nacks[huge].startswith("ValueError: xxx")
     assert "raise ValueError(task.payload)" in nacks[huge]
-    assert nacks[not_json].startswith("TypeError: Object of type set is not JSON serializable")
+    assert nacks[not_json].startswith("TypeError: ") and "set" in nacks[not_json].splitlines()[0]
+    assert nacks[null_key].startswith("TypeError: ")
+    assert nacks[exits].startswith("SystemExit: 3\n")  # the task failed; the worker goes on
     assert worker.stats.acked == 0 and not cluster.bodies("ack")
     assert f"task_nacked run_id={short}" in caplog.text
 
@@ -412,6 +425,29 @@ def test_slow_handler_is_heartbeated_past_its_lease_before_ack(net):
     leases = cluster.bodies("heartbeat_batch")[0]["leases"]
     assert leases == [{"run_id": run_id, "fence": cluster.bodies("ack")[0]["fence"]}]
     assert worker.stats.lease_lost == 0
+
+
+def test_heartbeats_of_more_leases_than_one_request_takes_go_in_several(net):
+    cluster = FakeCluster(lease_s=0.9)
+    cluster.ack_batch_max = 500  # the server's fixed limit, which the SDK's batches keep to
+    worker = Worker([net.node(cluster).url], concurrency=600, wait_s=1.0)
+    gate = threading.Event()
+
+    @worker.handler("slow")
+    async def slow(task: Task) -> None:
+        while not gate.is_set():
+            await asyncio.sleep(0.05)
+
+    for _ in range(600):
+        cluster.add("slow")
+    net.run(worker)
+    wait_until(lambda: len(cluster.leased) == 600, what="600 leases")
+    wait_until(lambda: sum(len(b["leases"]) for b in cluster.bodies("heartbeat_batch")) >= 1200,
+               what="two rounds of heartbeats for every lease")
+    gate.set()
+    wait_until(lambda: worker.stats.acked == 600, what="600 acks")
+    assert all(len(b["leases"]) <= 500 for b in cluster.bodies("heartbeat_batch"))
+    assert not cluster.bodies("heartbeat_batch", status=400) and worker.stats.lease_lost == 0
 
 
 def test_concurrency_limit_holds_across_servers(net):
