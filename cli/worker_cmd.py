@@ -33,6 +33,8 @@ STDOUT_TAIL_BYTES = 2048
 # message line, so the tail must fit in it with the "CommandFailed: exit status N: " lead.
 STDERR_TAIL_BYTES = 960
 _READ_BYTES = 64 * 1024
+# A command past the job's timeout_s gets SIGTERM, and SIGKILL this much later.
+KILL_GRACE_S = 5.0
 
 
 class CommandFailed(Exception):
@@ -53,7 +55,11 @@ def task_env(task: Task) -> dict[str, str]:
 
 
 def run_command(command: Sequence[str], task: Task) -> dict[str, Any]:
-    """Run `command` for one task: the ack result on exit 0, CommandFailed otherwise."""
+    """Run `command` for one task: the ack result on exit 0, CommandFailed otherwise.
+
+    A job's timeout_s ends the attempt on the server: the run is retried, maybe on this
+    worker. The command is stopped then too, so two copies of one run do not overlap
+    and a hung command does not hold its slot for good."""
     stdin = json.dumps(task.payload, separators=(",", ":")).encode()
     proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, **task_env(task)})
@@ -68,13 +74,31 @@ def run_command(command: Sequence[str], task: Task) -> dict[str, Any]:
                                 daemon=True)]
     for thread in threads:
         thread.start()
-    code = proc.wait()
+    timed_out = False
+    try:
+        code = proc.wait(task.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        code = _stop(proc)
     for thread in threads:
-        thread.join()
+        # A child the command left behind may hold its pipes open: do not wait on it.
+        thread.join(KILL_GRACE_S if timed_out else None)
     stdout_tail, stderr_tail = (_text(tail) for tail in tails)
-    if code == 0:
+    if code == 0 and not timed_out:
         return {"exit_code": 0, "stdout_tail": stdout_tail}
-    raise CommandFailed(f"{_exit_text(code)}: {stderr_tail}" if stderr_tail else _exit_text(code))
+    exit_text = f"timed out after {task.timeout_s:g}s (the job's timeout_s), {_exit_text(code)}" if timed_out \
+        else _exit_text(code)
+    raise CommandFailed(f"{exit_text}: {stderr_tail}" if stderr_tail else exit_text)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then SIGKILL after KILL_GRACE_S; the exit code."""
+    proc.terminate()
+    try:
+        return proc.wait(KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def _feed(pipe: IO[bytes], data: bytes) -> None:
@@ -166,7 +190,8 @@ def run_worker(session: Session, queues: tuple[str, ...], concurrency: int,
     key to dedupe on, since a run may be delivered more than once).
     Exit status 0 acks the run with the last 2 KiB of stdout; anything else
     nacks it with the exit status and the last part of stderr, so it is retried
-    with backoff and dead-lettered after max_attempts.
+    with backoff and dead-lettered after max_attempts. A command still running
+    at the job's timeout_s gets SIGTERM (SIGKILL 5 s later) and the run is nacked.
 
     \b
     A crontab line such as

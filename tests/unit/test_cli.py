@@ -1,6 +1,7 @@
 """`schedctl` (cli/main.py) through click's CliRunner, against the fake cluster."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cli.main import format_table, schedctl
+from cli import worker_cmd
 from cli.worker_cmd import STDERR_TAIL_BYTES, STDOUT_TAIL_BYTES, CommandFailed, run_command
 from schedulerd.worker import Task
 from tests.unit.fakeserver import FakeCluster, FakeServer, closed_port_url, fake_cluster
@@ -482,6 +484,22 @@ def test_a_killed_command_names_the_signal_and_a_silent_failure_has_no_colon():
         run_command(["sh", "-c", "kill -TERM $$"], TASK)
     with pytest.raises(CommandFailed, match=r"^exit status 1$"):
         run_command(["false"], TASK)
+
+
+def test_a_command_past_the_jobs_timeout_is_stopped_and_fails():
+    started = time.monotonic()
+    with pytest.raises(CommandFailed, match=r"^timed out after 0.5s \(the job's timeout_s\), "
+                                            r"killed by signal SIGTERM: started\n$"):
+        run_command(["sh", "-c", "echo started >&2; exec sleep 60"], dataclasses.replace(TASK, timeout_s=0.5))
+    assert time.monotonic() - started < 5
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(monkeypatch):
+    monkeypatch.setattr(worker_cmd, "KILL_GRACE_S", 0.5)
+    with pytest.raises(CommandFailed, match=r"^timed out after 0.5s \(the job's timeout_s\), "
+                                            r"killed by signal SIGKILL$"):
+        run_command(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"],
+                    dataclasses.replace(TASK, timeout_s=0.5))
 
 
 @pytest.mark.parametrize("args, expected", [
