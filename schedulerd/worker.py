@@ -312,9 +312,7 @@ class Worker:
         return min(len(tasks), held)
 
     def _runner_done(self, runner: asyncio.Task[None]) -> None:
-        self._running.discard(runner)
-        if not runner.cancelled() and runner.exception() is not None:
-            log.error("task_crashed", exc_info=runner.exception())
+        _forget(runner, self._running, "task_crashed")
 
     def _new_lease(self, server: str, task: Task, left_s: float) -> _Lease:
         interval_s = self.heartbeat_interval_s or max(HEARTBEAT_INTERVAL_S_MIN, left_s / 3)
@@ -447,6 +445,17 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        # Each server's heartbeats go out on their own: a node that holds a request until
+        # it times out must not hold up the next round for the leases of the others.
+        beats: set[asyncio.Task[None]] = set()
+        try:
+            await self._beat_rounds(loop, beats)
+        finally:
+            for beat in beats:
+                beat.cancel()
+            await asyncio.gather(*beats, return_exceptions=True)
+
+    async def _beat_rounds(self, loop: asyncio.AbstractEventLoop, beats: set[asyncio.Task[None]]) -> None:
         while True:
             live = [lease for lease in self._leases.values() if not lease.lost]
             wake_at = min((lease.next_due for lease in live), default=None)
@@ -466,7 +475,10 @@ class Worker:
             for lease in due:
                 lease.next_due = now + lease.interval_s  # before sending: a failure must not spin
                 by_server[lease.server].append(lease)
-            await asyncio.gather(*(self._heartbeat(s, ls) for s, ls in by_server.items()))
+            for server, leases in by_server.items():
+                beat = loop.create_task(self._heartbeat(server, leases))
+                beats.add(beat)
+                beat.add_done_callback(lambda done: _forget(done, beats, "heartbeat_crashed"))
 
     async def _heartbeat(self, server: str, leases: list[_Lease]) -> None:
         """Extend the leases through `server`, in requests the server's ack_batch_max allows."""
@@ -535,6 +547,13 @@ class Worker:
         message = f"{server}{path}: HTTP {status}: {wire.get('message') or raw[:200].decode(errors='replace')}"
         exc = from_wire(str(wire.get("code", "error")), message)
         raise exc if 400 <= status < 500 or isinstance(exc, Unavailable) else Unavailable(message)
+
+
+def _forget(done: asyncio.Task[None], tracked: set[asyncio.Task[None]], event: str) -> None:
+    """Drop a finished task from the set that kept it alive, logging what escaped it."""
+    tracked.discard(done)
+    if not done.cancelled() and done.exception() is not None:
+        log.error(event, exc_info=done.exception())
 
 
 def _encode(body: dict[str, Any]) -> bytes:

@@ -146,6 +146,7 @@ def stale(run_id: str) -> dict[str, Any]:
 class FakeNode:
     def __init__(self, cluster: FakeCluster) -> None:
         self.cluster = cluster
+        self.heartbeat_stall_s = 0.0  # a node that holds heartbeat requests this long
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -204,6 +205,7 @@ class FakeNode:
 
     async def heartbeat_batch(self, request: web.Request) -> web.Response:
         body = await request.json()
+        await asyncio.sleep(self.heartbeat_stall_s)
         if len(body["leases"]) > self.cluster.ack_batch_max:
             return self.reply("heartbeat_batch", body, 400, {"error": {
                 "code": "limit_exceeded", "message": f"{len(body['leases'])} leases; ack_batch_max is "
@@ -448,6 +450,28 @@ def test_heartbeats_of_more_leases_than_one_request_takes_go_in_several(net):
     wait_until(lambda: worker.stats.acked == 600, what="600 acks")
     assert all(len(b["leases"]) <= 500 for b in cluster.bodies("heartbeat_batch"))
     assert not cluster.bodies("heartbeat_batch", status=400) and worker.stats.lease_lost == 0
+
+
+def test_a_node_that_holds_its_heartbeats_does_not_hold_up_the_other_nodes_leases(net):
+    cluster = FakeCluster(lease_s=1.5)  # heartbeats every 0.5 s
+    healthy, stalled = net.node(cluster), net.node(cluster)
+    worker = Worker([healthy.url, stalled.url], concurrency=2, wait_s=1.0)
+    done = threading.Event()
+
+    @worker.handler("work")
+    def work(task: Task) -> None:
+        done.wait(10)
+
+    runs = [cluster.add("work"), cluster.add("work")]
+    net.run(worker)
+    wait_until(lambda: len(cluster.leased) == 2, what="both tasks leased")
+    ours = next(r for r in runs if cluster.delivered_by[r] == healthy.url)
+    stalled.heartbeat_stall_s = 5.0
+    since = len(cluster.events)
+    wait_until(lambda: sum(n == healthy.url for k, n, _, s in cluster.events[since:] if k == "heartbeat_batch")
+               >= 5, timeout=4, what="the healthy node's heartbeats going on, every 0.5 s")
+    done.set()
+    wait_until(lambda: any(b["run_id"] == ours for b in cluster.bodies("ack")), what="its ack")
 
 
 def test_concurrency_limit_holds_across_servers(net):
