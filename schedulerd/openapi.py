@@ -180,11 +180,13 @@ def operations() -> dict[str, dict[str, Any]]:
                                                           "maximum": Limits.lease_batch_max},
                                                wait_s={"type": "number", "minimum": 0,
                                                        "maximum": Limits.long_poll_s_max})),
-                     "responses": _ok("Tasks (empty after wait_s).", _obj(tasks={"type": "array", "items": TASK}))}},
+                     "responses": _ok("Tasks (empty after wait_s), and the cluster's time their lease_until is on.",
+                                      _obj(tasks={"type": "array", "items": TASK}, now=_TIME))}},
         "/v1/tasks/heartbeat": {
             "post": {"summary": "Extend many leases", "tags": ["workers"],
                      "requestBody": _body(_obj(**WORKER, leases={"type": "array", "items": LEASE_ITEM})),
-                     "responses": _ok("One result per lease.", ITEM_RESULTS)}},
+                     "responses": _ok("One result per lease, and the cluster's time.",
+                                      {**ITEM_RESULTS, "properties": {**ITEM_RESULTS["properties"], "now": _TIME}})}},
         "/v1/tasks/ack": {
             "post": {"summary": "Ack many runs", "tags": ["workers"],
                      "requestBody": _body(_obj(**WORKER, acks={"type": "array", "items": {
@@ -193,7 +195,8 @@ def operations() -> dict[str, dict[str, Any]]:
         "/v1/tasks/{run_id}/heartbeat": {
             "post": {"summary": "Extend one lease", "tags": ["workers"], "parameters": [RUN_ID],
                      "requestBody": _body(_obj(**WORKER, fence=_INT)),
-                     "responses": _ok("The new lease end.", _obj(lease_until=_TIME))}},
+                     "responses": _ok("The new lease end, and the cluster's time.",
+                                      _obj(lease_until=_TIME, now=_TIME))}},
         "/v1/tasks/{run_id}/ack": {
             "post": {"summary": "Ack one run (409 stale_fence if the lease is no longer yours)", "tags": ["workers"],
                      "parameters": [RUN_ID], "requestBody": _body(_obj(**WORKER, fence=_INT, result={})),

@@ -37,7 +37,7 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         namespace = namespaces.of_request(request)
         tasks = await leases.poll(worker_id, [namespaces.inside(namespace, q) for q in dict.fromkeys(queues)],
                                   max_tasks, wait_s)
-        return web.Response(text=views.tasks_json(tasks), content_type="application/json")
+        return web.Response(text=views.tasks_json(tasks, node.now_us()), content_type="application/json")
 
     async def heartbeat_one(request: web.Request) -> web.Response:
         data = await req.body(request)
@@ -45,15 +45,15 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
                                    _mine(node, request, [(request.match_info["run_id"], req.fence(data))])))[0]
         if not result["ok"]:
             raise from_wire(result["error"]["code"], result["error"]["message"])
-        return views.respond({"lease_until": result["lease_until"]})
+        return views.respond({"lease_until": result["lease_until"], "now": to_iso(node.now_us())})
 
     async def heartbeat_batch(request: web.Request) -> web.Response:
         data = await req.body(request)
         worker_id = req.string(data, "worker_id", max_len=128)
         raw = req.items(data, "leases", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
         pairs = [(req.string(item, "run_id"), req.fence(item)) for item in _objects(raw, "leases")]
-        return views.respond({"results": await _heartbeat(node, commits, worker_id,
-                                                          _mine(node, request, pairs))})
+        results = await _heartbeat(node, commits, worker_id, _mine(node, request, pairs))
+        return views.respond({"results": results, "now": to_iso(node.now_us())})
 
     async def ack_one(request: web.Request) -> web.Response:
         data = await req.body(request)

@@ -110,12 +110,14 @@ def task(rec: dict[str, Any], job: TaskPart | None) -> TaskView:
     }, job.payload_json if job is not None else "null"
 
 
-def tasks_json(tasks: list[TaskView]) -> str:
+def tasks_json(tasks: list[TaskView], now_us: int) -> str:
     """A poll's response body, compact. Payloads go out as stored: a poll carries up to
     lease_batch_max of them, and parsing then re-encoding each cost the serving node
-    CPU and, with json's default ", ", grew a payload of small numbers by half."""
+    CPU and, with json's default ", ", grew a payload of small numbers by half. `now`
+    is the cluster's time that `lease_until` is on: a worker measures the lease from it,
+    not from its own clock."""
     items = [_compact(view)[:-1] + ',"payload":' + payload + "}" for view, payload in tasks]
-    return '{"tasks":[' + ",".join(items) + "]}"
+    return '{"now":"' + to_iso(now_us) + '","tasks":[' + ",".join(items) + "]}"
 
 
 RETURN_MINIMAL = "return=minimal"

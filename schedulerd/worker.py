@@ -77,6 +77,7 @@ class Task:
 
 class _PollAnswer(msgspec.Struct):
     tasks: list[Task]
+    now: _ZonedTime | None = None  # the cluster's time lease_until is on (servers before it: none)
 
 
 # A poll's answer, read straight into Tasks (times with their zone required): 2.4 µs
@@ -130,6 +131,7 @@ class Worker:
         # them all while another node has work; a loop whose poll returns re-reserves.
         share = max(1, min(LEASE_BATCH_MAX, concurrency // len(self.servers)))
         self._poll_max = {server: share for server in self.servers}
+        self._server_ahead_s: dict[str, float] = {}  # per server: its time minus ours, last seen
         self._lock = threading.Lock()  # guards _loop/_stop_requested against stop() from threads
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested = False
@@ -298,7 +300,19 @@ class Worker:
         answer = await self._request(server, "/v1/tasks/poll", body,
                                      timeout_s=self.wait_s + _REQUEST_TIMEOUT_S, answer=_POLL_ANSWER)
         self.stats.polled += len(answer.tasks)
+        self._note_server_time(server, answer.now)
         return answer.tasks
+
+    def _note_server_time(self, server: str, now: datetime | None) -> None:
+        """How far the server's time is ahead of ours: leases are measured on its clock, so
+        a worker whose clock is off by a lease or more neither drops every task as expired
+        on arrival nor heartbeats after its lease has ended. The answer's time in transit
+        counts as skew, which only makes a lease look shorter by it."""
+        if now is not None:
+            self._server_ahead_s[server] = (now - datetime.now(timezone.utc)).total_seconds()
+
+    def _lease_left_s(self, server: str, lease_until: datetime) -> float:
+        return _seconds_until(lease_until) - self._server_ahead_s.get(server, 0.0)
 
     def _start_tasks(self, server: str, tasks: list[Task], held: int) -> int:
         """Spawn a runner per task, each owning one held slot; returns slots used."""
@@ -325,7 +339,7 @@ class Worker:
         running at once, and an ack waiting on its commit runs nothing (held, it made
         the worker's throughput follow the server's commit latency)."""
         try:
-            left_s = _seconds_until(task.lease_until)
+            left_s = self._lease_left_s(server, task.lease_until)
             if left_s <= 0:
                 # Delivered after its lease ran out (the answer was held up in the
                 # network): the run is someone else's by now, so running it would
@@ -495,9 +509,13 @@ class Worker:
             log.warning("heartbeat_failed server=%s leases=%d error=%s",
                         server, len(leases), _describe(exc))
             return
-        self._apply_heartbeat_results(leases, data)
+        self._apply_heartbeat_results(server, leases, data)
 
-    def _apply_heartbeat_results(self, leases: list[_Lease], data: dict[str, Any]) -> None:
+    def _apply_heartbeat_results(self, server: str, leases: list[_Lease], data: dict[str, Any]) -> None:
+        try:
+            self._note_server_time(server, _parse_time(data["now"]) if isinstance(data.get("now"), str) else None)
+        except ValueError:
+            log.warning("heartbeat_time_unreadable server=%s now=%r", server, data.get("now"))
         by_run = {lease.task.run_id: lease for lease in leases}
         now = asyncio.get_running_loop().time()
         for item in data.get("results") or []:
@@ -505,7 +523,7 @@ class Worker:
             if lease is None:
                 continue
             if item.get("ok"):
-                lease.deadline = now + _seconds_until(_parse_time(item["lease_until"]))
+                lease.deadline = now + self._lease_left_s(server, _parse_time(item["lease_until"]))
             elif (item.get("error") or {}).get("code") == StaleFence.code:
                 self._lose(lease)
             else:

@@ -108,12 +108,15 @@ def test_stale_fence_is_409_and_expired_lease_is_redelivered(make_cluster, monke
     status, body = node.post("/v1/tasks/poll", {"worker_id": "w1", "queues": ["q"], "wait_s": 5})
     assert status == 200 and len(body["tasks"]) == 1
     task = body["tasks"][0]
+    # The lease is on the cluster's clock, which the answer gives: 30 s from its `now`.
+    lease_s = (datetime.fromisoformat(task["lease_until"]) - datetime.fromisoformat(body["now"])).total_seconds()
+    assert 29 <= lease_s <= 30
     status, err = node.post(f"/v1/tasks/{task['run_id']}/ack", {"worker_id": "w1", "fence": task["fence"] + 1})
     assert status == 409 and err["error"]["code"] == "stale_fence"
     status, err = node.post(f"/v1/tasks/{task['run_id']}/ack", {"worker_id": "w2", "fence": task["fence"]})
     assert status == 409
     status, hb = node.post(f"/v1/tasks/{task['run_id']}/heartbeat", {"worker_id": "w1", "fence": task["fence"]})
-    assert status == 200 and hb["lease_until"] >= task["lease_until"]
+    assert status == 200 and hb["lease_until"] >= task["lease_until"] and hb["now"] >= body["now"]
     status, nacked = node.post(f"/v1/tasks/{task['run_id']}/nack",
                                {"worker_id": "w1", "fence": task["fence"], "error": "disk full"})
     assert status == 200 and nacked["run"]["state"] == "retry_wait" and nacked["run"]["error"] == "disk full"

@@ -67,6 +67,7 @@ class FakeCluster:
         self.result_bytes_max = 16 * 1024
         self.lease_batch_max = 500
         self.ack_batch_max = 500
+        self.clock_offset_s = 0.0  # the cluster's time minus the worker's (the box's)
         self.ack_delay_s = 0.0  # how long a batch ack takes to commit
         self.lock = threading.Lock()
         self.queued: list[dict[str, Any]] = []
@@ -103,7 +104,7 @@ class FakeCluster:
         task = self.leased.get(run_id)
         if task is None or task["worker_id"] != worker_id or task["fence"] != fence:
             return None
-        if timefmt.from_iso(task["lease_until"]) < timefmt.from_datetime(datetime.now(timezone.utc)):
+        if timefmt.from_iso(task["lease_until"]) < timefmt.from_datetime(self.now()):
             return None
         return task
 
@@ -135,8 +136,11 @@ class FakeCluster:
         with self.lock:
             return [b for k, _, b, s in self.events if k == kind and s == status]
 
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc) + timedelta(seconds=self.clock_offset_s)
+
     def _lease_until(self) -> str:
-        return iso(datetime.now(timezone.utc) + timedelta(seconds=self.lease_s))
+        return iso(self.now() + timedelta(seconds=self.lease_s))
 
 
 def stale(run_id: str) -> dict[str, Any]:
@@ -190,7 +194,7 @@ class FakeNode:
                 tasks = self.cluster.lease(self.url, body["worker_id"], body["queues"],
                                            body["max_tasks"])
                 if tasks or time.monotonic() >= deadline:
-                    return self.reply("poll", body, 200, {"tasks": tasks})
+                    return self.reply("poll", body, 200, {"tasks": tasks, "now": iso(self.cluster.now())})
                 await asyncio.sleep(0.01)
         finally:
             self.cluster.active_polls -= 1
@@ -205,7 +209,9 @@ class FakeNode:
 
     async def heartbeat_batch(self, request: web.Request) -> web.Response:
         body = await request.json()
-        await asyncio.sleep(self.heartbeat_stall_s)
+        stalled_until = time.monotonic() + self.heartbeat_stall_s
+        while self.heartbeat_stall_s and time.monotonic() < stalled_until:  # ends early once the test lifts it
+            await asyncio.sleep(0.05)
         if len(body["leases"]) > self.cluster.ack_batch_max:
             return self.reply("heartbeat_batch", body, 400, {"error": {
                 "code": "limit_exceeded", "message": f"{len(body['leases'])} leases; ack_batch_max is "
@@ -216,7 +222,7 @@ class FakeNode:
             results.append({"run_id": lease["run_id"], "ok": True, "lease_until": until}
                            if until else
                            {"run_id": lease["run_id"], "ok": False, "error": stale(lease["run_id"])})
-        return self.reply("heartbeat_batch", body, 200, {"results": results})
+        return self.reply("heartbeat_batch", body, 200, {"results": results, "now": iso(self.cluster.now())})
 
     async def ack_batch(self, request: web.Request) -> web.Response:
         """Like the server: one oversized result refuses the whole request; otherwise
@@ -472,6 +478,26 @@ def test_a_node_that_holds_its_heartbeats_does_not_hold_up_the_other_nodes_lease
                >= 5, timeout=4, what="the healthy node's heartbeats going on, every 0.5 s")
     done.set()
     wait_until(lambda: any(b["run_id"] == ours for b in cluster.bodies("ack")), what="its ack")
+    stalled.heartbeat_stall_s = 0.0
+
+
+@pytest.mark.parametrize("cluster_ahead_s", [-60.0, 60.0])
+def test_leases_are_measured_on_the_clusters_clock_not_the_workers(net, cluster_ahead_s):
+    """A worker clock a minute ahead saw every lease as over on arrival, and dropped every
+    task; a minute behind, it heartbeated after its leases had ended."""
+    cluster = FakeCluster(lease_s=1.5)  # heartbeats every 0.5 s
+    cluster.clock_offset_s = cluster_ahead_s
+    worker = Worker([net.node(cluster).url], wait_s=1.0)
+
+    @worker.handler("work")
+    def work(task: Task) -> str:
+        wait_until(lambda: len(cluster.bodies("heartbeat_batch")) >= 4, what="four heartbeats")
+        return "done"
+
+    cluster.add("work")
+    net.run(worker)
+    wait_until(lambda: worker.stats.acked == 1, what="the ack")
+    assert worker.stats.lease_lost == 0 and len(cluster.bodies("heartbeat_batch")) >= 4
 
 
 def test_concurrency_limit_holds_across_servers(net):
