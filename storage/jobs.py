@@ -99,8 +99,12 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         return _fail("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
         return {"ok": True, "cancelled_runs": 0}
-    pending = _pending_runs(ctx, job_id)
-    if job["state"] == JobState.COMPLETED and not pending and not _still_running(ctx, job_id):
+    # Counted once: a one-off's counts are not stored, and each ask reads its runs.
+    stats = records.job_stats(ctx, job_id)
+    pending = _pending_runs(ctx, job_id, stats)
+    # A completed one-off whose run is running has something to cancel: a retry of it.
+    still_running = ctx.version >= ops.CANCEL_RUNNING_SINCE and stats["running"] > 0
+    if job["state"] == JobState.COMPLETED and not pending and not still_running:
         return _fail("conflict", f"job {job_id!r} is completed; nothing to cancel")
     old_fire, was = job["next_fire_us"], job["state"]
     job.update(state=job_transition(job["state"], JobEvent.CANCEL), next_fire_us=None, updated_us=now)
@@ -111,13 +115,8 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "cancelled_runs": len(pending)}
 
 
-def _still_running(ctx: Ctx, job_id: str) -> bool:
-    """A completed one-off whose run is running has something to cancel: a retry of it."""
-    return ctx.version >= ops.CANCEL_RUNNING_SINCE and records.job_stats(ctx, job_id)["running"] > 0
-
-
-def _pending_runs(ctx: Ctx, job_id: str) -> list[Record]:
-    if records.job_stats(ctx, job_id)["pending"] == 0:
+def _pending_runs(ctx: Ctx, job_id: str, stats: Record) -> list[Record]:
+    if stats["pending"] == 0:
         return []
     runs = (records.get_run(ctx, run_id) for run_id in records.occurrence_runs(ctx, job_id))
     return [r for r in runs if r is not None and r["state"] in (RunState.QUEUED, RunState.RETRY_WAIT)]
