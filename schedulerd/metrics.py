@@ -80,7 +80,7 @@ class Metrics:
                 self.skipped.labels("deadline").inc(result["skipped"])
         elif op == Op.ACK:
             self.runs.labels("acked").inc(sum(1 for r in result["results"] if r["ok"] and not r.get("repeated")))
-        elif op == Op.NACK and result.get("ok"):
+        elif op == Op.NACK and result.get("ok") and not result.get("repeated"):
             self.runs.labels("nacked").inc()
             self._count_failure(result["run"]["state"])
         elif op == Op.EXPIRE_LEASES:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from storage import queries, records, retry
-from storage.model import (LEASABLE_RUN_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason, RunEvent, RunState,
+from storage.model import (LEASABLE_RUN_STATES, NACKED_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason, RunEvent, RunState,
                            run_transition)
 from storage.records import Ctx, Record
 
@@ -166,8 +166,15 @@ def ack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 def nack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """A nack repeated by the lease that already nacked the run is answered ok and changes
+    nothing (`repeated`), as a repeated ack is. That nack landed when the run left `running`
+    with this fence, this worker and this very error text; a lease that expired instead
+    left its own error, so a nack after an expiry is still `stale_fence`."""
     now, run_id = cmd["now"], cmd["run_id"]
     run = records.get_run(ctx, run_id)
+    if (run is not None and run["state"] in NACKED_STATES and run["fence"] == cmd["fence"]
+            and run["worker_id"] == cmd["worker_id"] and run.get("error") == cmd["error"]):
+        return {"run_id": run_id, "ok": True, "run": run, "repeated": True}
     rejection = _check_lease(run, run_id, cmd["worker_id"], cmd["fence"], now)
     if rejection:
         return rejection

@@ -102,6 +102,8 @@ RUN_QUEUED, RUN_RUNNING, RUN_SUCCEEDED, RUN_DEAD_LETTER = R.QUEUED.value, R.RUNN
 JOB_SCHEDULED, JOB_COMPLETED = J.SCHEDULED.value, J.COMPLETED.value
 LEASABLE_RUN_STATES = frozenset({R.QUEUED, R.RETRY_WAIT})
 PENDING_RUN_STATES = LEASABLE_RUN_STATES
+# Where a nack leaves a run (and a cancel after it): leases.nack knows its repeat by them.
+NACKED_STATES = frozenset({R.RETRY_WAIT, R.DEAD_LETTER, R.CANCELLED})
 
 
 class MisfirePolicy(str, Enum):

@@ -120,6 +120,10 @@ def test_stale_fence_is_409_and_expired_lease_is_redelivered(make_cluster, monke
     status, nacked = node.post(f"/v1/tasks/{task['run_id']}/nack",
                                {"worker_id": "w1", "fence": task["fence"], "error": "disk full"})
     assert status == 200 and nacked["run"]["state"] == "retry_wait" and nacked["run"]["error"] == "disk full"
+    # A worker that never heard its nack answered sends it again: ok, and nothing changes.
+    status, again = node.post(f"/v1/tasks/{task['run_id']}/nack",
+                              {"worker_id": "w1", "fence": task["fence"], "error": "disk full"})
+    assert status == 200 and again["run"] == nacked["run"]
     start = time.monotonic()
     status, body = node.post("/v1/tasks/poll", {"worker_id": "w1", "queues": ["q"], "wait_s": 5})
     assert status == 200 and len(body["tasks"]) == 1, body

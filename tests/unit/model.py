@@ -77,6 +77,7 @@ class Model:
         self.jobs: dict[str, Rec] = {}
         self.runs: dict[str, Rec] = {}
         self.catchup_offset_us: dict[str, int] = {}  # learned per job, must then stay the same
+        self.nacked_by: dict[str, tuple[str, int, str]] = {}  # run -> (worker, fence, error) of its last nack
         self.entry_version = ops.VERSION  # of the entry being applied: older ones keep older rules
 
     # -- reads -------------------------------------------------------------------------
@@ -434,11 +435,16 @@ class Model:
         return out, all(not ok for _, ok, _ in out)
 
     def nack(self, index: int, cmd: Rec) -> tuple[Any, bool]:
-        code = self._holds(cmd["run_id"], cmd["worker_id"], cmd["fence"], cmd["now"])
+        run_id, by = cmd["run_id"], (cmd["worker_id"], cmd["fence"], cmd["error"])
+        run = self.runs.get(run_id)
+        if (run is not None and run["state"] in ("retry_wait", "dead_letter", "cancelled")
+                and run["fence"] == cmd["fence"] and self.nacked_by.get(run_id) == by):
+            return (True, None, run["state"]), True  # repeated by the lease that nacked it: ok, no change
+        code = self._holds(run_id, cmd["worker_id"], cmd["fence"], cmd["now"])
         if code:
             return (False, code, None), True
-        run = self.runs[cmd["run_id"]]
         self._fail(run, cmd["now"], None)
+        self.nacked_by[run_id] = by
         return (True, None, run["state"]), False
 
     def expire(self, index: int, cmd: Rec) -> tuple[Any, bool]:

@@ -314,6 +314,32 @@ def test_nack_retries_with_backoff_then_dead_letters(d: Driver) -> None:
     assert d.ready(T0 + 10_000 * S) == []
 
 
+def test_a_nack_repeated_by_its_lease_is_ok_and_changes_nothing(d: Driver) -> None:
+    """The worker retries a nack whose answer it never got; that nack had landed."""
+    task = _running(d)
+    first = d.apply(Op.NACK, now=T0 + 11 * S, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="boom")
+    run = d.run(task["run_id"])
+    again = d.apply(Op.NACK, now=T0 + 12 * S, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="boom")
+    assert again["ok"] and again["repeated"] and again["run"] == first["run"] == run
+    assert d.run(task["run_id"]) == run
+    for worker, fence, error in (("intruder", task["fence"], "boom"), ("w", task["fence"] + 1, "boom"),
+                                 ("w", task["fence"], "another failure")):
+        other = d.apply(Op.NACK, now=T0 + 12 * S, worker_id=worker, run_id=task["run_id"], fence=fence, error=error)
+        assert other["code"] == "stale_fence", (worker, fence, error)
+    assert d.run(task["run_id"]) == run
+
+
+def test_a_nack_after_its_lease_expired_is_still_stale(d: Driver) -> None:
+    """The reaper failed the attempt first: the worker's nack did not land, and is told so."""
+    task = _running(d)
+    d.apply(Op.EXPIRE_LEASES, now=task["lease_until_us"], runs=[[task["run_id"], task["fence"]]])
+    run = d.run(task["run_id"])
+    assert run["state"] == RunState.RETRY_WAIT
+    late = d.apply(Op.NACK, now=task["lease_until_us"] + 1, worker_id="w", run_id=task["run_id"],
+                   fence=task["fence"], error="boom")
+    assert late["code"] == "stale_fence" and d.run(task["run_id"]) == run
+
+
 def test_backoff_is_deterministic_and_grows() -> None:
     from storage.retry import backoff_us
     a = [backoff_us(None, "job", T0, n) for n in range(1, 6)]
