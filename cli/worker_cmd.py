@@ -17,7 +17,7 @@ import signal
 import ssl
 import subprocess
 import threading
-from typing import IO, Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
 import click
 
@@ -54,16 +54,91 @@ def task_env(task: Task) -> dict[str, str]:
     }
 
 
-def run_command(command: Sequence[str], task: Task) -> dict[str, Any]:
+class _Watch:
+    """One command's ends: its exit, its lease lost, or a kill. Made before the command
+    starts, so news that comes while it is starting is not missed."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()  # set on exit or on a lost lease
+        self.exited = False
+        self.lost = False
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._killed = False
+
+    def started(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._proc = proc
+            if self._killed:
+                _signal_group(proc, signal.SIGKILL)
+
+    def exit(self) -> None:
+        self.exited = True
+        self.wake.set()
+
+    def lose(self) -> None:
+        self.lost = True
+        self.wake.set()
+
+    def kill(self) -> None:
+        with self._lock:
+            self._killed = True
+            if self._proc is not None:
+                _signal_group(self._proc, signal.SIGKILL)
+
+
+class Commands:
+    """Runs `command` for each task, and stops the ones whose lease is lost.
+
+    Each command leads a process group of its own, so a stop reaches whatever it started
+    too. A lost lease means the cluster may hand the run to another worker: the command is
+    stopped then, so two copies of one run do not overlap (its nack is then refused as
+    stale, which is expected)."""
+
+    def __init__(self, command: Sequence[str]) -> None:
+        self.command = list(command)
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, int], _Watch] = {}
+
+    def run(self, task: Task) -> dict[str, Any]:
+        """The SDK's handler, in its thread: the ack result on exit 0, else CommandFailed."""
+        key, watch = (task.run_id, task.fence), _Watch()
+        with self._lock:
+            self._running[key] = watch
+        try:
+            return run_command(self.command, task, watch)
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+
+    def lease_lost(self, task: Task) -> None:
+        """The SDK's lease-lost hook, in the worker's loop: the command's thread stops it."""
+        with self._lock:
+            watch = self._running.get((task.run_id, task.fence))
+        if watch is not None:
+            watch.lose()
+
+    def kill_all(self) -> None:
+        """SIGKILL every command still running: the worker exits without its drain."""
+        with self._lock:
+            watches = list(self._running.values())
+        for watch in watches:
+            watch.kill()
+
+
+def run_command(command: Sequence[str], task: Task, watch: _Watch | None = None) -> dict[str, Any]:
     """Run `command` for one task: the ack result on exit 0, CommandFailed otherwise.
 
     A job's timeout_s ends the attempt on the server: the run is retried, maybe on this
     worker. The command is stopped then too, so two copies of one run do not overlap
-    and a hung command does not hold its slot for good."""
+    and a hung command does not hold its slot for good; and so it is when `watch`
+    hears that the lease was lost."""
+    watch = watch or _Watch()
     stdin = json.dumps(task.payload, separators=(",", ":")).encode()
     proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, **task_env(task)})
+                            stderr=subprocess.PIPE, env={**os.environ, **task_env(task)}, process_group=0)
     assert proc.stdin and proc.stdout and proc.stderr  # all three were asked for as pipes
+    watch.started(proc)
     # One thread per pipe: a command that fills stderr while we wait on stdout (or
     # never reads its stdin) must not deadlock, and only the tails are kept.
     tails = [bytearray(), bytearray()]
@@ -74,31 +149,38 @@ def run_command(command: Sequence[str], task: Task) -> dict[str, Any]:
                                 daemon=True)]
     for thread in threads:
         thread.start()
-    timed_out = False
-    try:
-        code = proc.wait(task.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        code = _stop(proc)
+    threading.Thread(target=lambda: (proc.wait(), watch.exit()), daemon=True).start()
+    watch.wake.wait(task.timeout_s)
+    stopped = None
+    if not watch.exited:
+        stopped = "lease lost" if watch.lost else f"timed out after {task.timeout_s:g}s (the job's timeout_s)"
+        _stop(proc)
+    code = proc.wait()
     for thread in threads:
         # A child the command left behind may hold its pipes open: do not wait on it.
-        thread.join(KILL_GRACE_S if timed_out else None)
+        thread.join(KILL_GRACE_S)
     stdout_tail, stderr_tail = (_text(tail) for tail in tails)
-    if code == 0 and not timed_out:
+    if code == 0 and stopped is None:
         return {"exit_code": 0, "stdout_tail": stdout_tail}
-    exit_text = f"timed out after {task.timeout_s:g}s (the job's timeout_s), {_exit_text(code)}" if timed_out \
-        else _exit_text(code)
+    exit_text = f"{stopped}, {_exit_text(code)}" if stopped else _exit_text(code)
     raise CommandFailed(f"{exit_text}: {stderr_tail}" if stderr_tail else exit_text)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> int:
-    """SIGTERM, then SIGKILL after KILL_GRACE_S; the exit code."""
-    proc.terminate()
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the command's process group, then SIGKILL after KILL_GRACE_S."""
+    _signal_group(proc, signal.SIGTERM)
     try:
-        return proc.wait(KILL_GRACE_S)
+        proc.wait(KILL_GRACE_S)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+        pass
+    _signal_group(proc, signal.SIGKILL)  # what the command left behind, if it exited
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass  # the group is empty: everyone in it has exited
 
 
 def _feed(pipe: IO[bytes], data: bytes) -> None:
@@ -191,7 +273,10 @@ def run_worker(session: Session, queues: tuple[str, ...], concurrency: int,
     Exit status 0 acks the run with the last 2 KiB of stdout; anything else
     nacks it with the exit status and the last part of stderr, so it is retried
     with backoff and dead-lettered after max_attempts. A command still running
-    at the job's timeout_s gets SIGTERM (SIGKILL 5 s later) and the run is nacked.
+    at the job's timeout_s, or when its lease is lost (the cluster may then run
+    it elsewhere), gets SIGTERM (SIGKILL 5 s later), with every process it
+    started: each command leads a process group of its own. SIGINT or SIGTERM
+    lets running commands finish and settle; a second SIGINT kills them.
 
     \b
     A crontab line such as
@@ -209,13 +294,16 @@ def run_worker(session: Session, queues: tuple[str, ...], concurrency: int,
         raise click.BadParameter(f"{command[0]!r} is not an executable file or on PATH",
                                  param_hint="'COMMAND'")
     runner = _start(session, worker_id, concurrency)
-
-    def handle(task: Task) -> dict[str, Any]:
-        return run_command(command, task)
-
+    commands = Commands(command)
     for queue in queues:
-        runner.handler(queue)(handle)
-    _run(runner)
+        runner.handler(queue)(commands.run)
+    runner.on_lease_lost(commands.lease_lost)
+    try:
+        _run(runner)
+    finally:
+        # Reached with commands still running only on a second SIGINT (the drain cut
+        # short): their leases will lapse, so they must not run on beside a retry.
+        commands.kill_all()
 
 
 @worker.command("http")

@@ -55,6 +55,8 @@ Handler = Callable[["Task"], Any]
 _ZonedTime = Annotated[datetime, msgspec.Meta(tz=True)]  # the servers write UTC with a Z
 # Told of each run this worker settled: the task and "acked" or "nacked".
 Settled = Callable[["Task", str], None]
+# Told of each task whose lease was lost while its handler still ran.
+LeaseLost = Callable[["Task"], None]
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ class Worker:
         self._acks = AckBatcher(self._post_any, self.worker_id)
         self._cleanups: list[Callable[[], Awaitable[None]]] = []
         self._settled_hooks: list[Settled] = []
+        self._lost_hooks: list[LeaseLost] = []
 
     def handler(self, queue: str) -> Callable[[Handler], Handler]:
         """Register the function that runs tasks of `queue` (sync or async)."""
@@ -164,6 +167,15 @@ class Worker:
         accepts this worker's ack or nack: for counters and timings without parsing logs.
         It must return quickly; an exception from it is logged and does not undo the ack."""
         self._settled_hooks.append(hook)
+
+    def on_lease_lost(self, hook: LeaseLost) -> None:
+        """Call `hook(task)` in the worker's loop when the lease of a task whose handler still
+        runs is lost: a heartbeat was answered stale_fence, the run was delivered again, or
+        the lease ran out unrenewed (heartbeats failing), after which the cluster may hand
+        the run to another worker. The SDK cannot stop a sync handler's thread; the hook
+        is where to stop its work (`schedctl worker` stops its command). It must return
+        quickly; an exception from it is logged."""
+        self._lost_hooks.append(hook)
 
     def run(self) -> None:
         """Block until stop() (or SIGINT/SIGTERM in the main thread) and the drain end."""
@@ -451,11 +463,19 @@ class Worker:
             await asyncio.sleep(next(backoff))
 
     def _lose(self, lease: _Lease) -> None:
-        if not lease.lost:
-            lease.lost = True
-            # Logged before counted: whoever waits on the count finds the line written.
-            log.warning("lease_lost run_id=%s fence=%d", lease.task.run_id, lease.task.fence)
-            self.stats.lease_lost += 1
+        if lease.lost:
+            return
+        lease.lost = True
+        # Logged before counted: whoever waits on the count finds the line written.
+        log.warning("lease_lost run_id=%s fence=%d", lease.task.run_id, lease.task.fence)
+        self.stats.lease_lost += 1
+        if self._leases.get(lease.task.run_id) is not lease:
+            return  # its handler has returned: nothing left to stop
+        for hook in self._lost_hooks:
+            try:
+                hook(lease.task)
+            except Exception:
+                log.exception("lease_lost_hook_failed run_id=%s", lease.task.run_id)
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -471,9 +491,11 @@ class Worker:
 
     async def _beat_rounds(self, loop: asyncio.AbstractEventLoop, beats: set[asyncio.Task[None]]) -> None:
         while True:
-            live = [lease for lease in self._leases.values() if not lease.lost]
-            wake_at = min((lease.next_due for lease in live), default=None)
             now = loop.time()
+            for lease in [lease for lease in self._leases.values() if lease.deadline <= now]:
+                self._lose(lease)  # not renewed in time: the cluster may deliver the run again
+            live = [lease for lease in self._leases.values() if not lease.lost]
+            wake_at = min((min(lease.next_due, lease.deadline) for lease in live), default=None)
             if wake_at is None or wake_at > now:
                 self._leases_changed.clear()
                 timeout = None if wake_at is None else wake_at - now

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +20,7 @@ from cli.main import format_table, schedctl
 from cli import worker_cmd
 from cli.worker_cmd import STDERR_TAIL_BYTES, STDOUT_TAIL_BYTES, CommandFailed, run_command
 from schedulerd.worker import Task
+from tests.integration.harness import wait_until
 from tests.unit.fakeserver import FakeCluster, FakeServer, closed_port_url, fake_cluster
 
 
@@ -502,6 +504,70 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(monkeypatch):
                     dataclasses.replace(TASK, timeout_s=0.5))
 
 
+def _alive(pid: int) -> bool:
+    """In the process table and not a zombie (an orphan waits there for its reaper)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _child_pid(path: Path) -> int:
+    wait_until(lambda: path.exists() and path.read_text().endswith("\n"), 5, "the command's child")
+    return int(path.read_text())
+
+
+def _gone(pid: int) -> bool:
+    wait_until(lambda: not _alive(pid), 5, f"process {pid} to end")
+    return True
+
+
+def test_a_command_whose_lease_is_lost_is_stopped_with_the_processes_it_started(tmp_path):
+    commands = worker_cmd.Commands(["sh", "-c", f"sleep 60 & echo $! > {tmp_path}/child; wait"])
+    outcome: list[BaseException] = []
+    thread = threading.Thread(target=lambda: outcome.extend(_raised(commands.run, TASK)))
+    thread.start()
+    child = _child_pid(tmp_path / "child")
+    commands.lease_lost(dataclasses.replace(TASK, fence=TASK.fence + 1))  # another lease of the run: not this one
+    assert _alive(child)
+    commands.lease_lost(TASK)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert [type(e) for e in outcome] == [CommandFailed]
+    assert str(outcome[0]) == "lease lost, killed by signal SIGTERM"
+    assert _gone(child), "the command's child outlived the stop"
+
+
+def test_a_timed_out_command_goes_with_the_processes_it_started(tmp_path):
+    script = f"sleep 60 & echo $! > {tmp_path}/child; wait"
+    with pytest.raises(CommandFailed, match=r"^timed out after 0.5s"):
+        run_command(["sh", "-c", script], dataclasses.replace(TASK, timeout_s=0.5))
+    assert _gone(_child_pid(tmp_path / "child"))
+
+
+def test_kill_all_ends_every_running_command(tmp_path):
+    commands = worker_cmd.Commands(["sh", "-c", f"echo $$ > {tmp_path}/$SCHEDULERD_RUN_ID; exec sleep 60"])
+    outcomes: list[BaseException] = []
+    tasks = [dataclasses.replace(TASK, run_id=f"0-7-{i}") for i in range(2)]
+    threads = [threading.Thread(target=lambda t=t: outcomes.extend(_raised(commands.run, t))) for t in tasks]
+    for thread in threads:
+        thread.start()
+    for task in tasks:
+        _child_pid(tmp_path / task.run_id)
+    commands.kill_all()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(str(e) for e in outcomes) == ["killed by signal SIGKILL"] * 2
+
+
+def _raised(call, *args) -> list[BaseException]:
+    try:
+        call(*args)
+    except BaseException as exc:
+        return [exc]
+    return []
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--queue", "q1"], "error: usage: Missing argument 'COMMAND...'."),
     (["--", "true"], "error: usage: Missing option '--queue'."),
@@ -556,6 +622,28 @@ def test_worker_end_to_end_acks_on_exit_0_for_every_queue(one):
     done = wait_for(cluster, second["run_id"], "succeeded", proc)
     assert done["result"] == {"exit_code": 0, "stdout_tail": "null 0-2-0 1\n"}
     assert "task_acked run_id=0-1-0" in stop(proc)
+
+
+def test_worker_lets_commands_finish_on_one_sigint_and_kills_them_on_a_second(one, tmp_path):
+    cluster, server = one
+    run(server, "create", "--id", "j1", "--every", "1h", "--queue", "q1")
+    cluster.add_run("j1")
+    proc = start_worker(server, "--queue", "q1", "--", "sh", "-c", f"echo $$ > {tmp_path}/pid; exec sleep 60")
+    command = _child_pid(tmp_path / "pid")
+    proc.send_signal(signal.SIGINT)
+    wait_until(lambda: "worker_stopping" in _read_some(proc), 10, "the drain to start")
+    assert _alive(command) and proc.poll() is None, "one SIGINT lets the running command finish"
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=20)
+    assert _gone(command)
+
+
+def _read_some(proc: subprocess.Popen) -> str:
+    """What the process has written to stderr so far, without waiting for its end."""
+    os.set_blocking(proc.stderr.fileno(), False)
+    chunk = proc.stderr.read() or ""
+    proc.seen = getattr(proc, "seen", "") + chunk
+    return proc.seen
 
 
 def test_worker_end_to_end_nacks_on_a_non_zero_exit(one):

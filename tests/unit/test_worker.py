@@ -747,16 +747,69 @@ def test_stale_fence_on_heartbeat_is_lease_lost_not_a_crash(net, caplog):
     assert worker.stats.lease_lost == 1  # the expected 409 on ack is not counted twice
 
 
+def test_on_lease_lost_hears_a_lease_revoked_while_its_handler_runs_and_nothing_else(net):
+    cluster = FakeCluster(lease_s=1.5)  # heartbeat every 0.5 s
+    node = net.node(cluster)
+    worker = Worker([node.url], wait_s=1.0)
+    release = threading.Event()
+    heard: list[tuple[str, int]] = []
+
+    @worker.handler("work")
+    def work(task: Task) -> str:
+        if task.payload == "held":
+            release.wait(10)
+        return task.payload
+
+    worker.on_lease_lost(lambda task: heard.append((task.run_id, task.fence)))
+    worker.on_lease_lost(lambda task: 1 / 0)  # a failing hook spares the others
+    net.run(worker)
+    done = cluster.add("work", "quick")
+    wait_until(lambda: worker.stats.acked == 1, what="the quick task's ack")
+    held = cluster.add("work", "held")
+    wait_until(lambda: held in cluster.leased, what="delivery")
+    fence = cluster.leased[held]["fence"]
+    cluster.revoke(held)
+    wait_until(lambda: heard, timeout=3, what="the hook")
+    release.set()
+    wait_until(lambda: cluster.bodies("ack", status=409), what="the rejected ack")
+    assert heard == [(held, fence)] and done not in [run_id for run_id, _ in heard]
+    assert worker.stats.lease_lost == 1
+
+
+def test_a_lease_not_renewed_in_time_is_lost_while_its_handler_runs(net, caplog):
+    """Heartbeats that never come back (a node holding them) let the lease run out: the
+    cluster may deliver the run again, so the hook hears it before the handler returns."""
+    caplog.set_level(logging.INFO, logger=LOG)
+    cluster = FakeCluster(lease_s=1.5)
+    node = net.node(cluster)
+    node.heartbeat_stall_s = 30.0
+    worker = Worker([node.url], wait_s=1.0)
+    release = threading.Event()
+    heard: list[str] = []
+
+    @worker.handler("work")
+    def work(task: Task) -> None:
+        release.wait(10)
+
+    worker.on_lease_lost(lambda task: (heard.append(task.run_id), release.set()))
+    run_id = cluster.add("work")
+    net.run(worker)
+    wait_until(lambda: heard, timeout=5, what="the hook")
+    assert heard == [run_id] and worker.stats.lease_lost == 1
+    assert f"lease_lost run_id={run_id}" in caplog.text
+    node.heartbeat_stall_s = 0.0
+
+
 def test_stale_fence_on_ack_counts_as_lease_lost(net, caplog):
     caplog.set_level(logging.INFO, logger=LOG)
-    cluster = FakeCluster(lease_s=0.3)
+    cluster = FakeCluster()
     node = net.node(cluster)
-    worker = Worker([node.url], wait_s=1.0, heartbeat_interval_s=30.0)  # too rare to save it
+    worker = Worker([node.url], wait_s=1.0, heartbeat_interval_s=30.0)  # too rare to find it first
     released = threading.Event()
 
     @worker.handler("work")
     def work(task: Task) -> None:
-        wait_until(lambda: datetime.now(timezone.utc) > task.lease_until, what="lease expiry")
+        cluster.revoke(task.run_id)  # the run went to another worker meanwhile
         released.set()
 
     run_id = cluster.add("work")
