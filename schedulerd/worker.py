@@ -492,9 +492,12 @@ class Worker:
     async def _beat_rounds(self, loop: asyncio.AbstractEventLoop, beats: set[asyncio.Task[None]]) -> None:
         while True:
             now = loop.time()
-            for lease in [lease for lease in self._leases.values() if lease.deadline <= now]:
-                self._lose(lease)  # not renewed in time: the cluster may deliver the run again
-            live = [lease for lease in self._leases.values() if not lease.lost]
+            live = []
+            for lease in list(self._leases.values()):
+                if not lease.lost and lease.deadline <= now:
+                    self._lose(lease)  # not renewed in time: the cluster may deliver the run again
+                if not lease.lost:
+                    live.append(lease)
             wake_at = min((min(lease.next_due, lease.deadline) for lease in live), default=None)
             if wake_at is None or wake_at > now:
                 self._leases_changed.clear()
