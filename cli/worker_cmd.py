@@ -17,7 +17,7 @@ import signal
 import ssl
 import subprocess
 import threading
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Sequence
 
 import click
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from storage import queries, records, retry
-from storage.model import (LEASABLE_RUN_STATES, NACKED_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason, RunEvent, RunState,
-                           run_transition)
+from storage.model import (LEASABLE_RUN_STATES, NACKED_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason,
+                           RunEvent, RunState, run_transition)
 from storage.records import Ctx, Record
 
 
