@@ -13,6 +13,7 @@ import yaml
 
 from cli.session import EXIT_SERVER_ERROR, CliError, Session
 from schedulerd.errors import SchedulerError
+from schedulerd.strict_json import parse_json
 
 BATCH = 100  # the server's default create_batch_max
 
@@ -27,8 +28,8 @@ def read_jobs(path: str) -> list[dict[str, Any]]:
         raise click.BadParameter(f"cannot read {path!r}: {reason}", param_hint="'--file'") from None
     try:
         # YAML is a superset of JSON: one parser reads both, with line numbers in its errors.
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
+        data = parse_json(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:
         raise click.BadParameter(f"{path!r} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
                                  f"{exc}", param_hint="'--file'") from None
     jobs = data.get("jobs") if isinstance(data, dict) else data

@@ -3,13 +3,13 @@ fields of docs/api.md. Everything here runs before any request: a bad flag is
 a usage error (exit 2) and nothing is sent."""
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Mapping, TypeVar
 
 import click
 
 from schedulerd import timefmt
 from schedulerd.jobspec import RANGES
+from schedulerd.strict_json import parse_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -174,7 +174,7 @@ def _payload(text: str) -> Any:
             raise click.BadParameter(f"cannot read {path!r}: {reason}",
                                      param_hint="'--payload'") from None
     try:
-        return json.loads(text)
+        return parse_json(text)
     except ValueError as exc:
         raise click.BadParameter(f"{source}not valid JSON: {exc}",
                                  param_hint="'--payload'") from None

@@ -17,9 +17,9 @@ from storage import cron, retry
 from storage.jobs import SPEC_DEFAULTS
 from storage.model import MisfirePolicy, OverlapPolicy
 
-ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
-QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}\Z")
+QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
+_DURATION_PART = re.compile(r"([0-9]{1,12})(ms|s|m|h|d)")
 _UNIT_US = {"ms": 1_000, "s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
 US = 1_000_000
 EVERY_US_MIN = US
@@ -72,9 +72,12 @@ def parse_schedule(raw: Any, now_us: int, limits: Limits) -> dict[str, Any]:
     if not isinstance(tz, str):
         raise InvalidJob("schedule.timezone must be an IANA zone name like 'Europe/Berlin'")
     try:
-        return cron.check_cron(raw["cron"], tz)
+        schedule = cron.check_cron(raw["cron"], tz)
     except cron.ScheduleError as exc:
         raise InvalidJob(f"schedule: {exc}") from None
+    if cron.next_after(schedule, now_us) is None:
+        raise InvalidJob(f"schedule.cron {raw['cron']!r} never fires (a day that no month has?)")
+    return schedule
 
 
 def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None = None) -> dict[str, Any]:
@@ -85,7 +88,7 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
     _only(raw, CREATE_FIELDS, "job")
     if "schedule" not in raw:
         raise InvalidJob("schedule is required")
-    job_id = raw.get("job_id") or uuid.uuid4().hex
+    job_id = uuid.uuid4().hex if raw.get("job_id") is None else raw["job_id"]
     if not isinstance(job_id, str) or not ID_RE.match(job_id):
         raise InvalidJob("job_id must be 1-128 characters of A-Z a-z 0-9 _ . -")
     spec = {"job_id": job_id, **parse_options(raw, now_us, limits)}
@@ -171,7 +174,10 @@ def _backoff(raw: Any, base: dict[str, Any]) -> dict[str, Any]:
 
 
 def _payload_json(payload: Any, limits: Limits) -> str:
-    encoded = json.dumps(payload, separators=(",", ":"))
+    try:
+        encoded = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise InvalidJob("payload must be JSON: NaN and Infinity are not") from None
     if len(encoded.encode()) > limits.payload_bytes_max:
         raise TooLarge(f"payload is {len(encoded.encode())} bytes encoded; "
                        f"payload_bytes_max is {limits.payload_bytes_max}")

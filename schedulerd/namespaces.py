@@ -19,7 +19,7 @@ from schedulerd.errors import InvalidRequest, NotFound
 
 DEFAULT = "default"
 HEADER = "X-Namespace"
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
 SEP = "/"
 
 
@@ -35,8 +35,19 @@ def of_request(request: web.Request) -> str:
 
 
 def inside(namespace: str, name: str) -> str:
-    """The stored form of a job id or queue name of this namespace."""
+    """The stored form of a job id or queue name of this namespace. A name holding the
+    separator is refused: `payments/nightly` asked for in the default namespace would
+    otherwise be namespace payments' job."""
+    if SEP in name:
+        raise InvalidRequest(f"{name!r}: job ids and queue names never hold {SEP!r}")
     return name if namespace == DEFAULT else f"{namespace}{SEP}{name}"
+
+
+def key_inside(namespace: str, key: str) -> str:
+    """The stored form of an idempotency key, which may hold the separator: the default
+    namespace keeps a key without one bare (as stored before namespaces), and prefixes
+    one with it, so no two namespaces' keys can meet."""
+    return key if namespace == DEFAULT and SEP not in key else f"{namespace}{SEP}{key}"
 
 
 def split(stored: str) -> tuple[str, str]:

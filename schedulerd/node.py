@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -23,6 +24,8 @@ log = logging.getLogger("schedulerd.node")
 
 # Ops after which a ready run may have appeared (or a lease ended): wake long-polls.
 # A create wakes them only when it claimed something (claims.claim_created).
+# What a run id looks like: `{group}-{raft index}-{n}` (storage/records.Ctx.new_run_id).
+RUN_ID_RE = re.compile(r"[0-9]{1,4}-[0-9]{1,19}-[0-9]{1,9}")
 READY_CHANGING = frozenset({Op.CLAIM_BATCH, Op.NACK, Op.EXPIRE_LEASES, Op.TRIGGER_JOB, Op.REDRIVE_RUN})
 
 
@@ -78,8 +81,8 @@ class Node:
         return self.groups[keys.shard_of(job_id) % len(self.groups)]
 
     def group_of_run(self, run_id: str) -> Group | None:
-        head, _, _ = run_id.partition("-")
-        if not head.isdigit() or int(head) >= len(self.groups):
+        """None for an id no run of this node can have (run ids are `{group}-{index}-{n}`)."""
+        if not RUN_ID_RE.fullmatch(run_id) or int(head := run_id.partition("-")[0]) >= len(self.groups):
             return None
         return self.groups[int(head)]
 

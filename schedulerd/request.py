@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 from aiohttp import web
 
 from schedulerd.errors import InvalidRequest, LimitExceeded, SlowRequest, TooLarge
 from schedulerd.limits import Limits
+from schedulerd.strict_json import parse_json
 
 
 LIMITS = web.AppKey("limits", Limits)
 # One encoder for every ack's result: json.dumps with separators builds one per call.
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
-
-
+_COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 async def body(request: web.Request) -> dict[str, Any]:
     """The JSON object of the request; a client that dribbles it slower than body_read_s_max gets 408."""
     read_s_max = request.app.get(LIMITS, Limits()).body_read_s_max
@@ -25,8 +25,8 @@ async def body(request: web.Request) -> dict[str, Any]:
     except asyncio.TimeoutError:
         raise SlowRequest(f"the request body took longer than body_read_s_max ({read_s_max:g} s)") from None
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = parse_json(raw)
+    except ValueError as exc:  # JSONDecodeError among them
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("body must be a JSON object")
@@ -55,7 +55,7 @@ def integer(data: dict[str, Any], name: str, *, low: int, high: int, default: in
 def number(data: dict[str, Any], name: str, *, low: float, high: float, default: float,
            limit_name: str) -> float:
     value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidRequest(f"{name} must be a number")
     if value > high:
         raise LimitExceeded(f"{name}={value} is over {limit_name} ({high})")

@@ -1,6 +1,7 @@
 """HTTP routes for jobs and runs."""
 from __future__ import annotations
 
+import re
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -11,13 +12,16 @@ from raft.group import Group
 from schedulerd import namespaces
 from schedulerd.auth import audit_note, may_manage_jobs
 from schedulerd.errors import InvalidRequest, NotFound, SchedulerError, from_wire
-from schedulerd.node import Node
+from schedulerd.node import RUN_ID_RE, Node
 from storage import queries
 from storage.model import JobState
 from storage.ops import Op
 
 JOB_STATES = {s.value for s in JobState}
 SPEC_BYTES_ESTIMATE = 512  # a job's encoded size besides its payload, for sizing coalesced entries
+
+# A runs cursor: the occurrence time (µs) to list after, as next_cursor gave it.
+_TIME_CURSOR = re.compile(r"[0-9]{1,19}")
 
 
 def routes(node: Node) -> list[web.RouteDef]:
@@ -172,7 +176,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         limit = req.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                               limit_name="page_size_max")
         cursor = request.query.get("cursor")
-        if cursor is not None and not cursor.isdigit():
+        if cursor is not None and not _TIME_CURSOR.fullmatch(cursor):
             raise InvalidRequest("cursor must be a value returned as next_cursor")
         group = node.group_of_job(job_id)
         with node.read(group) as (txn, tables):
@@ -205,7 +209,10 @@ def routes(node: Node) -> list[web.RouteDef]:
 
 def _job_id(request: web.Request) -> str:
     """The stored id of the job the path names, in the request's namespace."""
-    return namespaces.inside(namespaces.of_request(request), request.match_info["job_id"])
+    job_id = request.match_info["job_id"]
+    if not jobspec.ID_RE.match(job_id):
+        raise NotFound(f"no job {job_id!r}: job ids are 1-128 characters of A-Z a-z 0-9 _ . -")
+    return namespaces.inside(namespaces.of_request(request), job_id)
 
 
 def _queue_filter(request: web.Request) -> str | None:
@@ -216,12 +223,11 @@ def _queue_filter(request: web.Request) -> str | None:
 def _in_namespace(request: web.Request, spec: dict[str, Any]) -> dict[str, Any]:
     """A parsed job spec with its id, queue and idempotency key in the request's namespace."""
     namespace = namespaces.of_request(request)
-    if namespace == namespaces.DEFAULT:
-        return spec
-    spec.update(job_id=namespaces.inside(namespace, spec["job_id"]),
-                queue=namespaces.inside(namespace, spec.get("queue", jobspec.JOB_DEFAULTS["queue"])))
     if "idempotency_key" in spec:
-        spec["idempotency_key"] = namespaces.inside(namespace, spec["idempotency_key"])
+        spec["idempotency_key"] = namespaces.key_inside(namespace, spec["idempotency_key"])
+    if namespace != namespaces.DEFAULT:
+        spec.update(job_id=namespaces.inside(namespace, spec["job_id"]),
+                    queue=namespaces.inside(namespace, spec.get("queue", jobspec.JOB_DEFAULTS["queue"])))
     return spec
 
 
@@ -261,7 +267,7 @@ def _dead_letter_cursor(raw: str | None) -> tuple[int, str] | None:
     if raw is None:
         return None
     head, sep, run_id = raw.partition(":")
-    if not sep or not head.isdigit() or not run_id:
+    if not sep or not _TIME_CURSOR.fullmatch(head) or not RUN_ID_RE.fullmatch(run_id):
         raise InvalidRequest("cursor must be a value returned as next_cursor")
     return int(head), run_id
 

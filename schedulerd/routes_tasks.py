@@ -6,7 +6,7 @@ from typing import Any
 from aiohttp import web
 
 from raft.group import Group
-from schedulerd import auth, namespaces, request as req, views
+from schedulerd import auth, jobspec, namespaces, request as req, views
 from schedulerd.errors import InvalidRequest, NotFound, from_wire
 from schedulerd.coalescer import Coalescer
 from schedulerd.lease_queue import LeaseQueue
@@ -28,8 +28,8 @@ def routes(node: Node, leases: LeaseQueue) -> list[web.RouteDef]:
         data = await req.body(request)
         worker_id = req.string(data, "worker_id", max_len=128)
         queues = req.items(data, "queues", max_items=limits.poll_queues_max, limit_name="poll_queues_max")
-        if not all(isinstance(q, str) and q for q in queues):
-            raise InvalidRequest("queues must be a list of queue names")
+        if not all(isinstance(q, str) and jobspec.QUEUE_RE.fullmatch(q) for q in queues):
+            raise InvalidRequest("queues must be a list of queue names, each 1-64 characters of A-Z a-z 0-9 _ . -")
         max_tasks = req.integer(data, "max_tasks", low=1, high=limits.lease_batch_max, default=1,
                                 limit_name="lease_batch_max")
         wait_s = req.number(data, "wait_s", low=0, high=limits.long_poll_s_max, default=0,
@@ -131,12 +131,18 @@ def _mine(node: Node, request: web.Request, items: list[tuple[Any, ...]]) -> lis
     return out
 
 
-def _by_group(node: Node, items: list[tuple[Any, ...]]) -> dict[int, list[int]]:
-    """Positions of items per group (the first field of an item is its run id)."""
-    out: dict[int, list[int]] = {}
+def _by_group(node: Node, items: list[tuple[Any, ...]], out: list[dict[str, Any]]) -> dict[int, list[int]]:
+    """Positions of items per group (the first field of an item is its run id). An item
+    whose run id no run can have gets its not_found result in `out` at once."""
+    groups: dict[int, list[int]] = {}
     for position, item in enumerate(items):
-        out.setdefault(_group(node, item[0]).group_id, []).append(position)
-    return out
+        group = node.group_of_run(item[0])
+        if group is None:
+            out[position] = {"run_id": item[0], "ok": False,
+                             "error": {"code": NotFound.code, "message": f"no run {item[0]!r}"}}
+        else:
+            groups.setdefault(group.group_id, []).append(position)
+    return groups
 
 
 def _item_result(r: dict[str, Any]) -> dict[str, Any]:
@@ -163,7 +169,7 @@ class TaskCommits:
 async def _heartbeat(node: Node, commits: TaskCommits, worker_id: str,
                      pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{}] * len(pairs)
-    for group_id, positions in _by_group(node, pairs).items():
+    for group_id, positions in _by_group(node, pairs, out).items():
         results = await commits.heartbeats.submit(node.groups[group_id],
                                                   [[*pairs[p], worker_id] for p in positions])
         for position, r in zip(positions, results):
@@ -177,7 +183,7 @@ async def _ack(node: Node, commits: TaskCommits, worker_id: str, acks: list[tupl
                with_runs: bool = True) -> list[dict[str, Any]]:
     """Per ack its result; with_runs adds the acked run's view (the batch route answers without)."""
     out: list[dict[str, Any]] = [{}] * len(acks)
-    for group_id, positions in _by_group(node, acks).items():
+    for group_id, positions in _by_group(node, acks, out).items():
         results = await commits.acks.submit(node.groups[group_id], [[*acks[p], worker_id] for p in positions])
         for position, r in zip(positions, results):
             out[position] = _item_result(r)

@@ -20,7 +20,7 @@ URL_CHARS_MAX = 2048
 HEADERS_MAX = 32
 HEADER_CHARS_MAX = 1024
 TIMEOUT_S_MAX = 3600
-_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}\Z")
 # Set by the executor: a job may not override the key the handler dedupes on.
 RESERVED_HEADERS = frozenset({"idempotency-key", "content-length", "host", "transfer-encoding"})
 
@@ -35,7 +35,10 @@ def parse_target(raw: Any, limits: Limits) -> dict[str, Any] | None:
         raise InvalidJob(f"unknown field(s) in target: {', '.join(unknown)}; "
                          "allowed: kind, url, method, headers, body, timeout_s")
     url = raw.get("url")
-    parts = urlsplit(url) if isinstance(url, str) else None
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+    except ValueError:  # "http://[": an unclosed IPv6 bracket
+        parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or len(url) > URL_CHARS_MAX:
         raise InvalidJob(f"target.url must be an http:// or https:// URL of at most {URL_CHARS_MAX} characters")
     method = raw.get("method", "POST")

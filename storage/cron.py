@@ -56,7 +56,7 @@ class ScheduleError(ValueError):
 def zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a tzdata folder, a name too long
         raise ScheduleError(f"unknown time zone {name!r}; use an IANA name like 'Europe/Berlin' or 'UTC'") from None
 
 

@@ -21,7 +21,11 @@ def backoff_problem(backoff: dict[str, Any]) -> str | None:
 def backoff_us(backoff: dict[str, Any] | None, job_id: str, scheduled_us: int, attempt: int) -> int:
     """Delay before attempt+1 after `attempt` failed (attempt counts from 1)."""
     b = backoff or DEFAULT_BACKOFF
-    raw_ms = min(b["max_ms"], b["base_ms"] * b["factor"] ** max(0, attempt - 1))
+    try:
+        grown = b["base_ms"] * b["factor"] ** max(0, attempt - 1)
+    except OverflowError:  # a run re-driven past attempt ~300 with factor 10: long past max_ms
+        grown = b["max_ms"]
+    raw_ms = min(b["max_ms"], grown)
     seed = zlib.crc32(f"{job_id}:{scheduled_us}:{attempt}".encode())
     fraction = (seed % 10_000) / 10_000
     jittered = raw_ms * (1 - JITTER_SPREAD + 2 * JITTER_SPREAD * fraction)

@@ -183,6 +183,34 @@ def test_a_node_with_the_wrong_secret_cannot_join_or_disturb(make_cluster, tmp_p
         impostor.stop()
 
 
+def test_a_slash_in_a_name_does_not_reach_another_namespace(make_cluster, tmp_path: pathlib.Path) -> None:
+    """Another namespace's job is stored as `payments/nightly` and its queue as `payments/q`:
+    a path or queue naming that form from the default namespace must not reach them."""
+    tokens_file = tmp_path / "tokens.yaml"
+    admin = token(tokens_file, "ops", "admin")
+    ours = token(tokens_file, "default-deployer", "scheduler", namespace="default")
+    our_worker = token(tokens_file, "default-worker", "worker", namespace="default")
+    url = make_cluster(1, ["--tokens-file", str(tokens_file)], token=admin).nodes[0].url
+    payments = Client(url, token=admin, namespace="payments")
+    payments.create_job({"job_id": "nightly", "schedule": {"at": datetime.now(timezone.utc).isoformat()},
+                         "queue": "q", "payload": "secret"})
+    for method, path in (("GET", "/v1/jobs/payments%2Fnightly"), ("POST", "/v1/jobs/payments%2Fnightly/trigger"),
+                         ("DELETE", "/v1/jobs/payments%2Fnightly"), ("GET", "/v1/jobs/payments%2Fnightly/runs")):
+        status, body = http(method, url + path, token=ours)
+        assert status == 404 and "secret" not in str(body), (method, path, status, body)
+    status, body = http("POST", f"{url}/v1/tasks/poll", {"worker_id": "w", "queues": ["payments/q"]},
+                        token=our_worker)
+    assert status == 400 and "queue names" in body["error"]["message"], body
+    assert payments.get_job("nightly")["state"] == "completed"  # its one run claimed, not cancelled
+    assert [r["state"] for r in payments.job_runs("nightly")["runs"]] == ["queued"]
+    # An idempotency key may hold a slash; the default namespace's "payments/k" is not payments' "k".
+    at = {"at": "2999-01-01T00:00:00Z"}
+    first = payments.create_job({"job_id": "a", "schedule": at, "idempotency_key": "k"})
+    second = Client(url, token=ours).create_job({"job_id": "b", "schedule": at, "idempotency_key": "payments/k"})
+    assert (first["namespace"], first["job_id"]) == ("payments", "a")
+    assert (second["namespace"], second["job_id"]) == ("default", "b")
+
+
 def test_a_token_limited_to_a_namespace_sees_nothing_else(make_cluster, tmp_path: pathlib.Path) -> None:
     tokens_file = tmp_path / "tokens.yaml"
     admin = token(tokens_file, "ops", "admin")

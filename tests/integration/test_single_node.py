@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -133,9 +134,14 @@ def test_stale_fence_is_409_and_expired_lease_is_redelivered(make_cluster, monke
     assert retry["idempotency_key"] == task["idempotency_key"]
     status, acked = node.post("/v1/tasks/ack", {"worker_id": "w1", "acks": [
         {"run_id": retry["run_id"], "fence": retry["fence"], "result": 42},
-        {"run_id": retry["run_id"], "fence": task["fence"]}]})
+        {"run_id": retry["run_id"], "fence": task["fence"]},
+        {"run_id": "\u00b2-1-0", "fence": 1}, {"run_id": "9" * 200 + "-1-0", "fence": 1}]})
     assert status == 200
     assert acked["results"][0]["ok"] is True and acked["results"][1]["ok"] is False
+    assert [r["error"]["code"] for r in acked["results"][2:]] == ["not_found", "not_found"], "per item, as documented"
+    for cursor in ("\u00b2", "18446744073709551616", "-1"):
+        status, body = node.get(f"/v1/jobs/{task['job_id']}/runs?cursor={urllib.parse.quote(cursor)}")
+        assert status == 400 and "next_cursor" in body["error"]["message"], (cursor, status, body)
     run = node.get(f"/v1/runs/{retry['run_id']}")[1]
     assert run["state"] == "succeeded" and run["result"] == 42 and run["attempt"] == 2
     # A worker that never heard its ack answered sends it again: ok, and the first result stands.

@@ -340,6 +340,27 @@ def test_a_nack_after_its_lease_expired_is_still_stale(d: Driver) -> None:
     assert late["code"] == "stale_fence" and d.run(task["run_id"]) == run
 
 
+def test_a_run_redriven_past_attempt_300_still_fails_its_attempts_with_backoff(d: Driver) -> None:
+    """base * factor ** (attempt - 1) overflows a float there (factor 10): the delay is
+    max_ms, as long before, and the nack applies instead of stopping every replica."""
+    from storage.retry import backoff_us
+    assert backoff_us({"base_ms": 1000, "factor": 10.0, "max_ms": 300_000}, "j", T0, 310) <= 300_000 * 1000
+    assert backoff_us(None, "j", T0, 1100) <= 300_000 * 1000
+    daily = {"kind": "every", "every_us": 86_400 * S, "anchor_us": T0}
+    d.create("j", daily, max_attempts=100, backoff={"base_ms": 1, "factor": 10.0, "max_ms": 1000})
+    (run_id,) = d.claim_due(T0 + 86_400 * S)
+    now = T0 + 86_400 * S
+    for _ in range(310):
+        if d.run(run_id)["state"] == RunState.DEAD_LETTER:
+            assert d.apply(Op.REDRIVE_RUN, now=now, run_id=run_id)["ok"]
+        now = max(now, d.run(run_id)["available_us"])
+        (task,) = d.lease(now, run_ids=[run_id])
+        d.apply(Op.NACK, now=now, worker_id="w", run_id=run_id, fence=task["fence"], error="boom")
+    run = d.run(run_id)
+    assert run["attempt"] == 310 and run["state"] == RunState.RETRY_WAIT
+    assert run["available_us"] - now <= 1000 * 1000
+
+
 def test_backoff_is_deterministic_and_grows() -> None:
     from storage.retry import backoff_us
     a = [backoff_us(None, "job", T0, n) for n in range(1, 6)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from schedulerd.errors import InvalidJob
-from schedulerd.jobspec import parse_options
+from schedulerd.jobspec import parse_job, parse_options
 from schedulerd.limits import Limits
 
 NOW = 1_800_000_000_000_000
@@ -25,3 +25,44 @@ def test_an_update_sends_only_the_backoff_parts_given() -> None:
 def test_an_update_is_checked_against_the_backoff_this_node_reads() -> None:
     with pytest.raises(InvalidJob, match=r"backoff.max_ms \(500\) must be at least backoff.base_ms \(1000\)"):
         parse_options({"backoff": {"max_ms": 500}}, NOW, Limits(), backoff_base=STORED)
+
+
+@pytest.mark.parametrize("at", ["1969-12-31T23:59:59Z", "0001-01-01T00:00:00Z", "3000-01-01T00:00:00Z",
+                                "9999-12-31T23:59:59-01:00"])
+def test_a_time_outside_1970_to_2999_is_refused(at: str) -> None:
+    """Before 1970 no storage key can hold it (the entry would stop every replica); near
+    year 9999 the views could not render what follows from it."""
+    with pytest.raises(InvalidJob, match=r"outside 1970-01-01T00:00:00Z \.\. 2999-12-31T23:59:59Z"):
+        parse_options({"schedule": {"at": at}}, NOW, Limits())
+
+
+def test_the_first_and_last_allowed_times_are_taken() -> None:
+    assert parse_options({"schedule": {"at": "1970-01-01T00:00:00Z"}}, NOW, Limits())["schedule"]["at_us"] == 0
+    assert parse_options({"schedule": {"at": "2999-12-31T23:59:59Z"}}, NOW, Limits())["schedule"]["at_us"] > NOW
+
+
+def test_a_cron_that_never_fires_is_refused() -> None:
+    with pytest.raises(InvalidJob, match=r"'0 0 30 2 \*' never fires"):
+        parse_options({"schedule": {"cron": "0 0 30 2 *"}}, NOW, Limits())
+    assert parse_options({"schedule": {"cron": "0 0 29 2 *"}}, NOW, Limits())["schedule"]["kind"] == "cron"
+
+
+@pytest.mark.parametrize("zone", ["America", "x" * 300, "../../etc"])
+def test_a_zone_that_is_a_folder_or_too_long_is_unknown(zone: str) -> None:
+    with pytest.raises(InvalidJob, match="unknown time zone"):
+        parse_options({"schedule": {"cron": "0 3 * * *", "timezone": zone}}, NOW, Limits())
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"job_id": "x\n"}, "job_id must be"), ({"job_id": ""}, "job_id must be"), ({"job_id": 0}, "job_id must be"),
+    ({"job_id": False}, "job_id must be"), ({"queue": "q\n"}, "queue must be"),
+    ({"schedule": {"every": "\u0665s"}}, "is not a duration"), ({"payload": float("nan")}, "NaN and Infinity"),
+    ({"payload": {"x": float("inf")}}, "NaN and Infinity"),
+])
+def test_ids_queues_durations_and_payloads_are_checked_exactly(raw: dict, message: str) -> None:
+    with pytest.raises(InvalidJob, match=message):
+        parse_job({"schedule": {"every": "1h"}, **raw}, NOW, Limits())
+
+
+def test_a_job_without_an_id_gets_one() -> None:
+    assert len(parse_job({"schedule": {"every": "1h"}, "job_id": None}, NOW, Limits())["job_id"]) == 32

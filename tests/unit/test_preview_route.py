@@ -88,8 +88,9 @@ def test_limit_bounds_are_accepted():
     assert len(fire_times({"every": "1s", "n": 1})) == 1
 
 
-def test_a_cron_that_never_matches_has_no_fire_times():
-    assert fire_times({"cron": "0 0 30 2 *"}) == []
+def test_a_cron_that_never_matches_is_refused_as_a_create_would_be():
+    assert error({"cron": "0 0 30 2 *"}) == (400, "invalid_job", "schedule.cron '0 0 30 2 *' never fires "
+                                                                 "(a day that no month has?)")
 
 
 # -- errors ---------------------------------------------------------------------------
