@@ -92,6 +92,7 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
     if not isinstance(job_id, str) or not ID_RE.match(job_id):
         raise InvalidJob("job_id must be 1-128 characters of A-Z a-z 0-9 _ . -")
     spec = {"job_id": job_id, **parse_options(raw, now_us, limits)}
+    check_together({**JOB_DEFAULTS, **spec})
     key = idempotency_key if idempotency_key is not None else raw.get("idempotency_key")
     if key is not None:
         if not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_CHARS_MAX:
@@ -154,6 +155,15 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
     if "target" in raw:
         out["target"] = targets.parse_target(raw["target"], limits)
     return out
+
+
+def check_together(options: dict[str, Any]) -> None:
+    """Refuse options that are valid alone and not together (all of them, in storage form:
+    a create's over the defaults, an update's over the job as this node reads it)."""
+    jitter, deadline = options["jitter_us"], options["starting_deadline_us"]
+    if deadline is not None and jitter >= deadline:
+        raise InvalidJob(f"jitter_s ({jitter / US:g}) must be less than starting_deadline_s ({deadline / US:g}): "
+                         "an occurrence jittered that late would be skipped as past its deadline")
 
 
 def _backoff(raw: Any, base: dict[str, Any]) -> dict[str, Any]:

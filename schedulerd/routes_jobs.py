@@ -54,6 +54,7 @@ def routes(node: Node) -> list[web.RouteDef]:
             raise InvalidRequest("nothing to update: send at least one field")
         current = _job_record(node, job_id)
         changes = jobspec.parse_options(raw, node.now_us(), limits, backoff_base=current["backoff"])
+        jobspec.check_together({**current, **changes})
         if "queue" in changes:
             changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
         await _job_command(node, Op.UPDATE_JOB, job_id, {

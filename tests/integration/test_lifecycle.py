@@ -60,6 +60,9 @@ def test_pause_resume_update_trigger_cancel(make_cluster) -> None:
     assert node.get("/v1/jobs/rep")[1]["priority"] == 7
     status, err = http("PATCH", node.url + "/v1/jobs/rep", {"job_id": "other"})
     assert status == 400 and "job_id" in err["error"]["message"]
+    status, err = http("PATCH", node.url + "/v1/jobs/rep", {"starting_deadline_s": 30})  # the job's jitter_s is 30
+    assert status == 400 and "jitter_s (30) must be less than starting_deadline_s (30)" in err["error"]["message"]
+    assert node.get("/v1/jobs/rep")[1]["starting_deadline_s"] is None
 
     status, trig = node.post("/v1/jobs/rep/trigger", {})
     assert status == 201 and trig["run"]["trigger"] is True and trig["run"]["state"] == "queued"

@@ -66,3 +66,12 @@ def test_ids_queues_durations_and_payloads_are_checked_exactly(raw: dict, messag
 
 def test_a_job_without_an_id_gets_one() -> None:
     assert len(parse_job({"schedule": {"every": "1h"}, "job_id": None}, NOW, Limits())["job_id"]) == 32
+
+
+def test_jitter_reaching_the_starting_deadline_is_refused() -> None:
+    """The deadline counts from the unjittered time: each occurrence jittered past it would
+    be skipped, on a cluster with nothing else to do."""
+    with pytest.raises(InvalidJob, match=r"jitter_s \(60\) must be less than starting_deadline_s \(60\)"):
+        parse_job({"schedule": {"every": "1h"}, "jitter_s": 60, "starting_deadline_s": 60}, NOW, Limits())
+    parse_job({"schedule": {"every": "1h"}, "jitter_s": 59, "starting_deadline_s": 60}, NOW, Limits())
+    parse_job({"schedule": {"every": "1h"}, "jitter_s": 600}, NOW, Limits())
