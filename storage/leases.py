@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from storage import queries, records, retry
+from storage import ops, queries, records, retry
 from storage.model import (LEASABLE_RUN_STATES, NACKED_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason,
                            RunEvent, RunState, run_transition)
 from storage.records import Ctx, Record
@@ -229,6 +229,9 @@ def redrive(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     if run["state"] != RunState.DEAD_LETTER:
         return {"ok": False, "code": "conflict", "message": f"run {run_id!r} is {run['state']}, not dead_letter"}
     job = records.get_job(ctx, run["job_id"])
+    if ctx.version >= ops.REDRIVE_CANCELLED_SINCE and job is not None and job["state"] == JobState.CANCELLED:
+        return {"ok": False, "code": "conflict",
+                "message": f"job {run['job_id']!r} is cancelled: none of its runs starts after its DELETE"}
     rounds = job["max_attempts"] if job else run["max_attempts"]
     after = dict(run, state=run_transition(run["state"], RunEvent.REDRIVE), available_us=now,
                  max_attempts=run["attempt"] + rounds, finished_us=None, reason=None)

@@ -14,8 +14,8 @@ from storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 7
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
+VERSION = 8
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -46,6 +46,9 @@ BACKOFF_PARTS_SINCE = 6
 # cancels the job (before, a conflict), so that run is not retried if its attempt fails
 # (jobs.cancel_job).
 CANCEL_RUNNING_SINCE = 7
+# Since 8 (2026-12-03): a re-drive of a dead letter whose job was cancelled is refused
+# (leases.redrive); before, it ran after the job's DELETE.
+REDRIVE_CANCELLED_SINCE = 8
 
 
 class Op(IntEnum):

@@ -476,6 +476,8 @@ class Model:
             return (False, "not_found"), True
         if run["state"] != "dead_letter":
             return (False, "conflict"), True
+        if self.entry_version >= 8 and self.jobs[run["job_id"]]["state"] == "cancelled":
+            return (False, "conflict"), True
         rounds = self.jobs[run["job_id"]]["max_attempts"]
         run.update(state="queued", available_us=cmd["now"], max_attempts=run["attempt"] + rounds,
                    finished_us=None, reason=None)

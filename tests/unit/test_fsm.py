@@ -449,6 +449,21 @@ def test_an_entry_from_before_version_7_keeps_the_conflict_for_a_running_one_off
     assert res["code"] == "conflict" and d.job("a")["state"] == JobState.COMPLETED
 
 
+def test_a_dead_letter_of_a_cancelled_job_is_not_redriven_from_version_8(d: Driver) -> None:
+    """DELETE promises no run starts after it; an entry of version 7 still re-drives."""
+    d.create("j", EVERY, max_attempts=1)
+    (run_id,) = d.claim_due(T0 + 5 * S)
+    (task,) = d.lease(T0 + 5 * S)
+    d.apply(Op.NACK, now=T0 + 6 * S, worker_id="w", run_id=run_id, fence=task["fence"], error="x")
+    assert d.run(run_id)["state"] == RunState.DEAD_LETTER
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 7 * S, job_id="j")["ok"]
+    refused = d.apply(Op.REDRIVE_RUN, now=T0 + 8 * S, run_id=run_id)
+    assert refused["code"] == "conflict" and "cancelled" in refused["message"]
+    assert d.run(run_id)["state"] == RunState.DEAD_LETTER and d.lease(T0 + 3600 * S) == []
+    old = d.apply(Op.REDRIVE_RUN, version=ops.REDRIVE_CANCELLED_SINCE - 1, now=T0 + 9 * S, run_id=run_id)
+    assert old["ok"] and d.run(run_id)["state"] == RunState.QUEUED
+
+
 def test_a_one_off_stores_no_run_counts_through_its_life(d: Driver) -> None:
     (run_id,) = _create_claiming(d, "a", AT)["runs"]
     (task,) = d.lease(T0 + 10 * S)

@@ -110,7 +110,7 @@ PICK = st.integers(0, 63)
 # Entries are written at this build's version; one written earlier (before a rolling restart)
 # keeps the rules it had: at 1 no withdrawal by pause or update and no deferred claims, before
 # 3 no claim in the creating entry, before 4 every job's run counts stored.
-VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 6, 3, 2, 1])
+VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 7, 6, 3, 2, 1])
 
 
 def resolve(schedule: tuple[str, int], now: int) -> Rec:
@@ -590,10 +590,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.propose(Op.EXPIRE_LEASES, self.model.expire, now=self.now, runs=pairs)
 
     @precondition(lambda self: any(r["state"] == "dead_letter" for r in self.model.runs.values()))
-    @rule(i=PICK)
-    def redrive(self, i: int) -> None:
+    @rule(i=PICK, version=VERSIONS)
+    def redrive(self, i: int, version: int) -> None:
+        """At version 8 on, a dead letter of a cancelled job is not re-driven."""
         pool = self._run_ids(lambda r: r["state"] == "dead_letter")
-        self.propose(Op.REDRIVE_RUN, self.model.redrive, now=self.now, run_id=pool[i % len(pool)])
+        self.propose(Op.REDRIVE_RUN, self.model.redrive, version, now=self.now, run_id=pool[i % len(pool)])
 
     @precondition(lambda self: self.model.runs)
     @rule(i=PICK, ghost=st.booleans())
