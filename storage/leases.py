@@ -232,6 +232,7 @@ def redrive(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     if ctx.version >= ops.REDRIVE_CANCELLED_SINCE and job is not None and job["state"] == JobState.CANCELLED:
         return {"ok": False, "code": "conflict",
                 "message": f"job {run['job_id']!r} is cancelled: none of its runs starts after its DELETE"}
+    records.reopen_dead_head(ctx, run)
     rounds = job["max_attempts"] if job else run["max_attempts"]
     after = dict(run, state=run_transition(run["state"], RunEvent.REDRIVE), available_us=now,
                  max_attempts=run["attempt"] + rounds, finished_us=None, reason=None)

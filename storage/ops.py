@@ -47,8 +47,9 @@ BACKOFF_PARTS_SINCE = 6
 # (jobs.cancel_job).
 CANCEL_RUNNING_SINCE = 7
 # Since 8 (2026-12-03): a re-drive of a dead letter whose job was cancelled is refused
-# (leases.redrive); before, it ran after the job's DELETE.
-REDRIVE_CANCELLED_SINCE = 8
+# (leases.redrive); before, it ran after the job's DELETE. And history pruning starts
+# after the dead letters at the head of a job's runs (records.prune_history).
+REDRIVE_CANCELLED_SINCE = PRUNE_PAST_DEAD_SINCE = 8
 
 
 class Op(IntEnum):

@@ -10,7 +10,7 @@ from typing import Any
 
 import lmdb
 
-from storage import keys
+from storage import keys, ops
 from storage.codec import pack, unpack
 from storage.db import Tables
 from storage.model import PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING, TERMINAL_RUN_STATES
@@ -161,6 +161,7 @@ def insert_run(ctx: Ctx, run: Record, keep_stats: bool) -> None:
     ctx.txn.put(keys.run_key(run["run_id"]), pack(run), db=ctx.tables.runs)
     _index_run(ctx, run)
     _bump(ctx, job_id, None, run)
+    reopen_dead_head(ctx, run)
 
 
 def update_run(ctx: Ctx, before: Record, after: Record) -> None:
@@ -188,17 +189,44 @@ def prune_history(ctx: Ctx, job_id: str, limit: int, before_us: int) -> int:
 
     Older runs that are dead letters (until re-driven) or still open stay, and so
     do runs of occurrences still ahead: a resume or an update re-arms the job from
-    now, and a dropped future occurrence could then be claimed a second time."""
-    older = job_stats(ctx, job_id)["runs"] - limit
+    now, and a dropped future occurrence could then be claimed a second time.
+
+    From entry version 8, a job whose counts are stored also keeps where the dead letters
+    at the head of its history end (`dead_until_us`, and how many: `dead_behind`), and
+    the scan starts after them. Before, 32 dead letters at the head filled every scan, and
+    the history grew by a run per occurrence from then on."""
+    stats = job_stats(ctx, job_id)
+    floored = ctx.version >= ops.PRUNE_PAST_DEAD_SINCE and _stored_stats(ctx, job_id) is not None
+    older = stats["runs"] - limit - (stats.get("dead_behind", 0) if floored else 0)
     if older <= 0:
         return 0
-    dropped = 0
-    for run_id in occurrence_runs(ctx, job_id, min(older, PRUNE_SCAN_MAX)):
+    dropped, head = 0, floored
+    for run_id in occurrence_runs(ctx, job_id, min(older, PRUNE_SCAN_MAX),
+                                  stats.get("dead_until_us") if floored else None):
         run = get_run(ctx, run_id)
-        if run is not None and run["state"] in TERMINAL_RUN_STATES and run["scheduled_us"] < before_us:
+        if run is None:
+            continue
+        if run["state"] in TERMINAL_RUN_STATES and run["scheduled_us"] < before_us:
             delete_run(ctx, run)
             dropped += 1
+        elif head and run["state"] == RUN_DEAD_LETTER:
+            stats["dead_until_us"], stats["dead_behind"] = run["scheduled_us"], stats.get("dead_behind", 0) + 1
+            ctx.stats_changed.add(job_id)
+        else:
+            head = False
     return dropped
+
+
+def reopen_dead_head(ctx: Ctx, run: Record) -> None:
+    """A run that is no dead letter, at or before where prune_history's scan starts (a
+    dead letter re-driven; a missed occurrence claimed after a trigger's run): the scan
+    starts from the oldest run again, skipping the dead letters it meets, 32 a prune.
+    Whatever the entry's version: only entries of version 8 on leave a head to reopen, and
+    one of an older version (a cluster gone back to it) must not leave it wrong."""
+    stats = _stored_stats(ctx, run["job_id"])
+    if stats is not None and run["scheduled_us"] <= stats.get("dead_until_us", -1):
+        del stats["dead_until_us"], stats["dead_behind"]
+        ctx.stats_changed.add(run["job_id"])
 
 
 def _index_run(ctx: Ctx, run: Record) -> None:

@@ -78,6 +78,8 @@ class Model:
         self.runs: dict[str, Rec] = {}
         self.catchup_offset_us: dict[str, int] = {}  # learned per job, must then stay the same
         self.nacked_by: dict[str, tuple[str, int, str]] = {}  # run -> (worker, fence, error) of its last nack
+        self.stats_kept: set[str] = set()  # jobs whose run counts the store keeps (records.job_stats)
+        self.dead_head: dict[str, tuple[int, int]] = {}  # job -> (dead_until_us, dead_behind), from version 8
         self.entry_version = ops.VERSION  # of the entry being applied: older ones keep older rules
 
     # -- reads -------------------------------------------------------------------------
@@ -308,6 +310,8 @@ class Model:
             return self._skipped(ids, job, t, now, "overlap")
         run = self._new_run(ids, job, t, now, "queued", avail)
         run["trigger"] = trigger
+        if trigger:
+            self.stats_kept.add(job["job_id"])
         return run
 
     def _overlap_blocks(self, job: Rec) -> bool:
@@ -322,6 +326,9 @@ class Model:
 
     def _new_run(self, ids: Ids, job: Rec, t: int, now: int, state: str, avail: tuple) -> Rec:
         assert not self.taken(job["job_id"], t), f"model: occurrence {job['job_id']}@{t} made twice"
+        if self.entry_version < 4 or job["schedule"]["kind"] != "at":
+            self.stats_kept.add(job["job_id"])
+        self._reopen_dead_head({"job_id": job["job_id"], "scheduled_us": t})
         run = {"run_id": ids.next(), "job_id": job["job_id"], "scheduled_us": t, "state": state, "attempt": 0,
                "queue": job["queue"], "priority": job["priority"], "max_attempts": job["max_attempts"], "backoff": job["backoff"],
                "timeout_us": job["timeout_us"], "available_us": avail[1] if avail[0] == "exact" else None,
@@ -331,14 +338,27 @@ class Model:
         self.runs[run["run_id"]] = run
         return run
 
+    def _reopen_dead_head(self, run: Rec) -> None:
+        """A run at or before where pruning starts (version 8 on) makes it start from the oldest again."""
+        if run["scheduled_us"] <= self.dead_head.get(run["job_id"], (-1, 0))[0]:
+            del self.dead_head[run["job_id"]]
+
     def _prune(self, job_id: str, keep: int, now: int) -> None:
         """Keep the newest `keep` runs; of the older ones (bounded scan) drop the terminal runs
         of occurrences already past: a re-arm could claim a dropped future one again."""
         runs = self.job_runs(job_id)
-        older = len(runs) - keep
-        for run in runs[:min(older, PRUNE_SCAN_MAX)] if older > 0 else []:
+        floored = self.entry_version >= 8 and job_id in self.stats_kept
+        until, behind = self.dead_head.get(job_id, (-1, 0)) if floored else (-1, 0)
+        older = len(runs) - keep - behind
+        head = floored
+        for run in [r for r in runs if r["scheduled_us"] > until][:min(older, PRUNE_SCAN_MAX)] if older > 0 else []:
             if run["state"] in TERMINAL and run["scheduled_us"] < now:
                 del self.runs[run["run_id"]]
+            elif head and run["state"] == "dead_letter":  # from version 8, the next scan starts after it
+                behind += 1
+                self.dead_head[job_id] = (run["scheduled_us"], behind)
+            else:
+                head = False
 
     # -- leases ------------------------------------------------------------------------
 
@@ -478,6 +498,7 @@ class Model:
             return (False, "conflict"), True
         if self.entry_version >= 8 and self.jobs[run["job_id"]]["state"] == "cancelled":
             return (False, "conflict"), True
+        self._reopen_dead_head(run)
         rounds = self.jobs[run["job_id"]]["max_attempts"]
         run.update(state="queued", available_us=cmd["now"], max_attempts=run["attempt"] + rounds,
                    finished_us=None, reason=None)

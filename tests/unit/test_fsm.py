@@ -464,6 +464,44 @@ def test_a_dead_letter_of_a_cancelled_job_is_not_redriven_from_version_8(d: Driv
     assert old["ok"] and d.run(run_id)["state"] == RunState.QUEUED
 
 
+def _fail_or_finish(d: Driver, k: int, fail: bool, version: int = ops.VERSION) -> str:
+    now = T0 + 5 * k * S
+    d.apply(Op.CLAIM_BATCH, version=version, now=now, grace_us=5 * S, claims=[list(due) for due in d.due(now)])
+    (task,) = d.lease(now)
+    if fail:
+        d.apply(Op.NACK, now=now, worker_id="w", run_id=task["run_id"], fence=task["fence"], error="x")
+    else:
+        d.apply(Op.ACK, now=now, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    return task["run_id"]
+
+
+def test_history_stays_near_its_limit_behind_33_dead_letters(d: Driver) -> None:
+    """Before version 8 the 32 oldest dead letters filled every prune's scan, and the job
+    kept a run per occurrence from then on."""
+    d.create("e", {"kind": "every", "every_us": 5 * S, "anchor_us": T0}, history_limit=3, max_attempts=1)
+    dead = [_fail_or_finish(d, k, fail=True) for k in range(1, 34)]
+    for k in range(34, 94):
+        _fail_or_finish(d, k, fail=False)
+    states = [r["state"] for r in d.runs("e")]
+    assert states.count("dead_letter") == 33 and len(states) - 33 <= 3, states
+    # A re-drive puts a run behind where pruning starts: it starts from the oldest again.
+    assert d.apply(Op.REDRIVE_RUN, now=T0 + 500 * S, run_id=dead[0])["ok"]
+    assert "dead_until_us" not in d.stored_stats("e")
+    for k in range(100, 110):
+        _fail_or_finish(d, k, fail=False)
+    states = [r["state"] for r in d.runs("e") if r["run_id"] != dead[0]]
+    assert states.count("dead_letter") == 32 and len(states) - 32 <= 3, states
+
+
+def test_an_entry_before_version_8_prunes_as_before(d: Driver) -> None:
+    d.create("e", {"kind": "every", "every_us": 5 * S, "anchor_us": T0}, history_limit=3, max_attempts=1)
+    for k in range(1, 34):
+        _fail_or_finish(d, k, fail=True, version=7)
+    for k in range(34, 44):
+        _fail_or_finish(d, k, fail=False, version=7)
+    assert len(d.runs("e")) == 43 and "dead_until_us" not in d.stored_stats("e")
+
+
 def test_a_one_off_stores_no_run_counts_through_its_life(d: Driver) -> None:
     (run_id,) = _create_claiming(d, "a", AT)["runs"]
     (task,) = d.lease(T0 + 10 * S)

@@ -110,6 +110,7 @@ PICK = st.integers(0, 63)
 # Entries are written at this build's version; one written earlier (before a rolling restart)
 # keeps the rules it had: at 1 no withdrawal by pause or update and no deferred claims, before
 # 3 no claim in the creating entry, before 4 every job's run counts stored.
+COUNTS = ("pending", "running", "runs")  # of job_stats; the rest says where pruning starts
 VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 7, 6, 3, 2, 1])
 
 
@@ -154,7 +155,8 @@ def scan(d: Driver) -> Snapshot:
             runs={k.decode(): unpack(v) for k, v in items(t.runs)},
             occurrences=occurrences,
             stats={k.decode(): unpack(v) for k, v in items(t.job_stats)},
-            counts_asked={job_id: dict(records.job_stats(ctx, job_id)) for job_id in jobs},
+            counts_asked={job_id: {k: v for k, v in records.job_stats(ctx, job_id).items() if k in COUNTS}
+                          for job_id in jobs},
             job_state_counts=unpack(txn.get(keys.JOB_STATE_COUNTS, db=t.meta) or msgpack.packb({})),
             due={k for k, _ in items(t.due)}, ready={k for k, _ in items(t.ready)},
             leases={k for k, _ in items(t.leases)}, dead_letters={k for k, _ in items(t.dead_letters)})
@@ -230,7 +232,12 @@ def check_store(snap: Snapshot) -> None:
                    "running": sum(r["state"] == "running" for r in mine), "runs": len(mine)}
         # A job without stored counts has them counted from its runs when a rule asks.
         if job_id in snap.stats:
-            assert snap.stats[job_id] == counted, f"job_stats[{job_id}] = {snap.stats[job_id]}, its runs say {counted}"
+            stored = dict(snap.stats[job_id])
+            head = (stored.pop("dead_until_us", None), stored.pop("dead_behind", None))
+            assert stored == counted, f"job_stats[{job_id}] = {snap.stats[job_id]}, its runs say {counted}"
+            if head[0] is not None:  # where history pruning starts: after dead letters only
+                behind = [r["state"] for r in mine if r["scheduled_us"] <= head[0]]
+                assert behind == ["dead_letter"] * head[1], f"job {job_id}: {head} but {behind} behind it"
         if job_id in snap.jobs:
             assert snap.counts_asked[job_id] == counted, \
                 f"the rules see {job_id}'s counts as {snap.counts_asked[job_id]}, its runs say {counted}"
@@ -578,7 +585,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.now += dt
         with self.d.store.read() as txn:
             found = queries.expired_leases(txn, self.d.store.tables, self.now, 100)
-        assert set(found) == self.model.expired(self.now), f"expired {found} != model {self.model.expired(self.now)}"
+        expected = self.model.expired(self.now)  # the reaper takes 100 at a time, the earliest first
+        assert set(found) <= expected and len(found) == min(100, len(expected)), \
+            f"expired {found} != model {expected}"
         live = self._run_ids(lambda r: r["state"] == "running" and r["lease_until_us"] > self.now)
         older = [[r, f] for r, _, f in self.granted if self.model.runs.get(r, {}).get("fence") not in (None, f)]
         older_running = [[r, f] for r, f in older if self.model.runs[r]["state"] == "running"]
