@@ -92,7 +92,7 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
     if not isinstance(job_id, str) or not ID_RE.match(job_id):
         raise InvalidJob("job_id must be 1-128 characters of A-Z a-z 0-9 _ . -")
     spec = {"job_id": job_id, **parse_options(raw, now_us, limits)}
-    check_together({**JOB_DEFAULTS, **spec})
+    check_together(spec)
     key = idempotency_key if idempotency_key is not None else raw.get("idempotency_key")
     if key is not None:
         if not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_CHARS_MAX:
@@ -158,9 +158,10 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
 
 
 def check_together(options: dict[str, Any]) -> None:
-    """Refuse options that are valid alone and not together (all of them, in storage form:
-    a create's over the defaults, an update's over the job as this node reads it)."""
-    jitter, deadline = options["jitter_us"], options["starting_deadline_us"]
+    """Refuse options that are valid alone and not together, in storage form: a create's
+    (a missing one holds its default), an update's over the job as this node reads it."""
+    jitter = options.get("jitter_us", JOB_DEFAULTS["jitter_us"])
+    deadline = options.get("starting_deadline_us", JOB_DEFAULTS["starting_deadline_us"])
     if deadline is not None and jitter >= deadline:
         raise InvalidJob(f"jitter_s ({jitter / US:g}) must be less than starting_deadline_s ({deadline / US:g}): "
                          "an occurrence jittered that late would be skipped as past its deadline")

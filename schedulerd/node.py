@@ -22,10 +22,10 @@ from storage.ops import Op
 
 log = logging.getLogger("schedulerd.node")
 
-# Ops after which a ready run may have appeared (or a lease ended): wake long-polls.
-# A create wakes them only when it claimed something (claims.claim_created).
 # What a run id looks like: `{group}-{raft index}-{n}` (storage/records.Ctx.new_run_id).
 RUN_ID_RE = re.compile(r"[0-9]{1,4}-[0-9]{1,19}-[0-9]{1,9}")
+# Ops after which a ready run may have appeared (or a lease ended): wake long-polls.
+# A create wakes them only when it claimed something (claims.claim_created).
 READY_CHANGING = frozenset({Op.CLAIM_BATCH, Op.NACK, Op.EXPIRE_LEASES, Op.TRIGGER_JOB, Op.REDRIVE_RUN})
 
 
@@ -82,9 +82,10 @@ class Node:
 
     def group_of_run(self, run_id: str) -> Group | None:
         """None for an id no run of this node can have (run ids are `{group}-{index}-{n}`)."""
-        if not RUN_ID_RE.fullmatch(run_id) or int(head := run_id.partition("-")[0]) >= len(self.groups):
+        if not RUN_ID_RE.fullmatch(run_id):
             return None
-        return self.groups[int(head)]
+        group = int(run_id.partition("-")[0])
+        return self.groups[group] if group < len(self.groups) else None
 
     def shards_of(self, group: Group) -> list[int]:
         return [s for s in range(keys.SHARDS) if s % len(self.groups) == group.group_id]

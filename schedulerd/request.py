@@ -16,7 +16,9 @@ from schedulerd.strict_json import parse_json
 
 LIMITS = web.AppKey("limits", Limits)
 # One encoder for every ack's result: json.dumps with separators builds one per call.
-_COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 async def body(request: web.Request) -> dict[str, Any]:
     """The JSON object of the request; a client that dribbles it slower than body_read_s_max gets 408."""
     read_s_max = request.app.get(LIMITS, Limits()).body_read_s_max
