@@ -114,6 +114,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
 
     async def audit_log(request: web.Request) -> web.Response:
         """Newest first; the cursor is the last record's position."""
+        request_mod.check_query(request, request_mod.PAGE_QUERY)
         limit = request_mod.query_int(request, "limit", default=100, low=1, high=node.config.limits.page_size_max,
                                       limit_name="page_size_max")
         cursor = request.query.get("cursor")

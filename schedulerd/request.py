@@ -15,6 +15,7 @@ from schedulerd.strict_json import parse_json
 
 
 LIMITS = web.AppKey("limits", Limits)
+PAGE_QUERY = frozenset({"limit", "cursor"})
 # One encoder for every ack's result: json.dumps with separators builds one per call.
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
@@ -73,6 +74,18 @@ def items(data: dict[str, Any], name: str, *, max_items: int, limit_name: str) -
     if len(value) > max_items:
         raise LimitExceeded(f"{name} has {len(value)} items; {limit_name} is {max_items}")
     return value
+
+
+def check_query(request: web.Request, allowed: frozenset[str]) -> None:
+    """Refuse a query parameter the route does not read, or one given twice: a
+    misspelt `stat=` would list every job, and `limit=5&limit=500` one of them."""
+    unknown = sorted(request.query.keys() - allowed)
+    if unknown:
+        raise InvalidRequest(f"unknown query parameter(s): {', '.join(unknown)}; "
+                             f"allowed: {', '.join(sorted(allowed)) or 'none'}")
+    repeated = sorted(k for k in request.query.keys() if len(request.query.getall(k)) > 1)
+    if repeated:
+        raise InvalidRequest(f"query parameter(s) given more than once: {', '.join(sorted(set(repeated)))}")
 
 
 def query_int(request: web.Request, name: str, *, default: int, low: int, high: int, limit_name: str) -> int:

@@ -72,6 +72,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         return handle
 
     async def dead_letter_list(request: web.Request) -> web.Response:
+        req.check_query(request, req.PAGE_QUERY | {"queue"})
         limit = req.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                               limit_name="page_size_max")
         after = _dead_letter_cursor(request.query.get("cursor"))
@@ -141,6 +142,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         return views.respond(_job_view(node, _job_id(request), may_manage_jobs(request)))
 
     async def list_jobs(request: web.Request) -> web.Response:
+        req.check_query(request, req.PAGE_QUERY | {"queue", "state"})
         state = request.query.get("state")
         if state is not None and state not in JOB_STATES:
             raise InvalidRequest(f"state must be one of {', '.join(sorted(JOB_STATES))}")
@@ -173,6 +175,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         return views.respond(_job_view(node, job_id))
 
     async def job_runs(request: web.Request) -> web.Response:
+        req.check_query(request, req.PAGE_QUERY)
         job_id = _job_id(request)
         limit = req.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                               limit_name="page_size_max")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from schedulerd import jobspec, timefmt, views
+from schedulerd import request as request_mod
 from schedulerd.errors import InvalidJob, LimitExceeded
 from storage import cron
 
@@ -23,6 +24,7 @@ def routes(node: "Node") -> list[web.RouteDef]:
     n_max = node.config.limits.preview_n_max
 
     async def preview(request: web.Request) -> web.Response:
+        request_mod.check_query(request, QUERY_PARAMS)
         query = dict(request.query)
         n = _count(query, n_max)
         now_us = node.now_us()  # one reading: an every interval is anchored at it
@@ -35,12 +37,6 @@ def routes(node: "Node") -> list[web.RouteDef]:
 
 def _schedule_spec(query: dict[str, str]) -> dict[str, Any]:
     """The query string as the `schedule` object of a job, for jobspec to validate."""
-    # A misspelt parameter (`tz=`, `count=`) must not be silently ignored: the
-    # preview would show a schedule other than the one the caller meant.
-    unknown = sorted(query.keys() - QUERY_PARAMS)
-    if unknown:
-        raise InvalidJob(f"unknown query parameter(s): {', '.join(unknown)}; "
-                         f"allowed: {', '.join(sorted(QUERY_PARAMS))}")
     if ("cron" in query) == ("every" in query):
         raise InvalidJob("give exactly one of cron=EXPR (with optional timezone=ZONE) "
                          "or every=DURATION")

@@ -13,6 +13,19 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of a repeated key; a caller who wrote two
+    # `max_attempts` would get one of them without a word.
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"key {key!r} appears twice in one object")
+            seen.add(key)
+    return obj
+
+
 def _has_lone_surrogate(value: Any) -> bool:
     if isinstance(value, str):
         try:
@@ -28,11 +41,12 @@ def _has_lone_surrogate(value: Any) -> bool:
 
 
 def parse_json(raw: bytes | str) -> Any:
-    """Strict JSON: no NaN or Infinity, no string that is not Unicode text (a lone
-    surrogate, which no stored record can encode), and a nesting Python can walk.
+    """Strict JSON: no NaN or Infinity, no key twice in one object, no string that is
+    not Unicode text (a lone surrogate, which no stored record can encode), and a
+    nesting Python can walk.
     Raises ValueError saying which."""
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
+        data = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except UnicodeDecodeError as exc:

@@ -71,7 +71,8 @@ TASK_BODIES = st.fixed_dictionaries({}, optional={
                      max_size=3),
     "leases": st.lists(st.fixed_dictionaries({}, optional={"run_id": IDS, "fence": SCALARS}), max_size=3)})
 BODIES = st.one_of(st.none(), JOBS, TASK_BODIES, st.fixed_dictionaries({"jobs": st.lists(JOBS, max_size=3)}), JSON,
-                   st.binary(max_size=60), st.just(b'{"schedule": {"every": "1h"}'), st.just(b"\xff\xfe{}"))
+                   st.binary(max_size=60), st.just(b'{"schedule": {"every": "1h"}'), st.just(b"\xff\xfe{}"),
+                   st.just(b'{"job_id": "twice", "schedule": {"every": "1h"}, "job_id": "other"}'))
 QUERIES = st.dictionaries(st.sampled_from(["limit", "cursor", "state", "queue", "cron", "timezone", "every", "n",
                                            "junk"]),
                           st.one_of(st.text(max_size=20), st.sampled_from(["-1", "0", "1e9", "99999999999"]),
@@ -248,3 +249,26 @@ def test_limits_are_named_when_hit(live: Any) -> None:
     assert status == 400 and "poll_queues_max" in body["error"]["message"]
     status, body = loop.run_until_complete(post("/v1/jobs", {"schedule": {"every": "1h"}, "payload": "x" * 70_000}))
     assert status == 413 and "payload_bytes_max" in body["error"]["message"]
+
+
+def test_what_a_caller_did_not_mean_is_refused_not_guessed(live: Any) -> None:
+    loop, client, node = live
+
+    async def send(method: str, path: str, data: bytes | None = None) -> tuple[int, dict]:
+        resp = await client.request(method, path, data=data)
+        return resp.status, await resp.json()
+
+    def refused(method: str, path: str, data: bytes | None = None) -> str:
+        status, body = loop.run_until_complete(send(method, path, data))
+        assert (status, body["error"]["code"]) == (400, "invalid_request"), body
+        return body["error"]["message"]
+
+    assert "'max_attempts' appears twice" in refused(
+        "POST", "/v1/jobs", b'{"schedule": {"every": "1h"}, "max_attempts": 1, "max_attempts": 9}')
+    assert refused("GET", "/v1/jobs?stat=paused") == (
+        "unknown query parameter(s): stat; allowed: cursor, limit, queue, state")
+    assert refused("GET", "/v1/jobs?limit=5&limit=500") == "query parameter(s) given more than once: limit"
+    assert "allowed: cursor, limit, queue" in refused("GET", "/v1/dead-letter?queues=q")
+    assert "allowed: cursor, limit" in refused("GET", "/v1/jobs/seed/runs?state=failed")
+    assert "allowed: cursor, limit" in refused("GET", "/v1/audit?since=1")
+    assert loop.run_until_complete(send("GET", "/v1/jobs?state=scheduled&limit=5"))[0] == 200
