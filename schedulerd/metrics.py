@@ -46,7 +46,7 @@ class Metrics:
                             "(claimed, leased, acked, nacked, retried, dead_lettered, lease_expired, "
                             "cancelled, redriven).", ["event"], registry=r)
         self.skipped = Counter("schedulerd_runs_skipped", "Occurrences recorded as skipped instead of run, "
-                               "by reason (misfire_skip, overlap, deadline, catchup_limit).", ["reason"], registry=r)
+                               "by reason (misfire_skip, overlap, deadline, catchup_limit, paused, rescheduled).", ["reason"], registry=r)
         self.lateness = BulkHistogram("schedulerd_dispatch_lateness_seconds",
                                       "First lease of an occurrence minus its scheduled time.", LATENESS_BUCKETS_S)
         r.register(self.lateness)
@@ -64,8 +64,9 @@ class Metrics:
 
     def on_applied(self, op: Op, result: dict[str, Any]) -> None:
         """Runs in the Raft tick thread, after the entry's commit."""
-        if op in (Op.CLAIM_BATCH, Op.CREATE_JOBS):
-            self.runs.labels("claimed").inc(len(result["runs"]))
+        if op in (Op.CLAIM_BATCH, Op.CREATE_JOBS, Op.PAUSE_JOB, Op.UPDATE_JOB):
+            if op in (Op.CLAIM_BATCH, Op.CREATE_JOBS):
+                self.runs.labels("claimed").inc(len(result["runs"]))
             for reason, count in result.get("skipped_reasons", {}).items():
                 self.skipped.labels(reason).inc(count)
         elif op in (Op.LEASE_READY, Op.LEASE_BATCH):

@@ -24,17 +24,37 @@ class Missed:
     older_count: int | None  # None: more than COUNT_STEPS_MAX, not counted
 
 
-def missed(schedule: dict[str, Any], fire_us: int, cutoff_us: int, limit: int) -> Missed:
-    """Occurrences in [fire_us, cutoff_us), fire_us being the job's next_fire_us."""
+@dataclass(frozen=True)
+class _Window:
+    found: list[int]  # the newest `limit` occurrences in it, oldest first
+    dropped: int | None  # the newest of the others
+    dropped_count: int
+    complete: bool  # False: the scan stopped at its step cap before the window's end
+
+
+def missed(schedule: dict[str, Any], fire_us: int, cutoff_us: int, limit: int, exact: bool = True) -> Missed:
+    """Occurrences in [fire_us, cutoff_us), fire_us being the job's next_fire_us.
+
+    The window scanned grows backwards from cutoff_us until it holds more than `limit`.
+    A window that grew past WINDOW_STEPS_MAX occurrences in one step (a cron dense in
+    some months only, say) is narrowed by bisection (`exact`, entries of version 9 on);
+    before, its scan stopped part-way and took the occurrences where it stopped for the
+    newest, leaving those after them without a record."""
     nxt = cron.next_after(schedule, fire_us)
     gap = max(S, (nxt - fire_us) if nxt is not None else S)
     span = gap * (limit + 1)
+    roomy = cutoff_us  # a start that leaves at most `limit` in the window
     while True:
         start = max(fire_us, cutoff_us - span)
-        found, dropped, dropped_count = _scan(schedule, fire_us, start, cutoff_us, limit)
-        if dropped_count > 0 or start == fire_us or span > cutoff_us:
+        window = _scan(schedule, fire_us, start, cutoff_us, limit, WINDOW_STEPS_MAX)
+        if exact and not window.complete:
+            start, window = _narrow(schedule, fire_us, start, roomy, cutoff_us, limit)
             break
+        if window.dropped_count > 0 or start == fire_us or span > cutoff_us:
+            break
+        roomy = start
         span *= 4
+    found, dropped, dropped_count = window.found, window.dropped, window.dropped_count
     if start == fire_us and dropped_count == 0:
         return Missed(found, None, None, 0)
     if start == fire_us:
@@ -43,19 +63,38 @@ def missed(schedule: dict[str, Any], fire_us: int, cutoff_us: int, limit: int) -
     return Missed(found, fire_us, dropped, None if before is None else before + dropped_count)
 
 
-def _scan(schedule: dict[str, Any], fire_us: int, start: int, cutoff: int,
-          limit: int) -> tuple[list[int], int | None, int]:
+def _narrow(schedule: dict[str, Any], fire_us: int, crowded: int, roomy: int, cutoff: int,
+            limit: int) -> tuple[int, _Window]:
+    """A start in (crowded, roomy) whose window holds more than `limit` occurrences and at
+    most `cap`, found by bisection: [crowded, cutoff) holds more than cap, [roomy, cutoff)
+    at most limit. Moving the start by 1 µs changes the count by at most one, and the two
+    ends differ by more than one, so a middle always lies strictly between them and the
+    search ends. Each probe stops after `cap` steps: a few dozen probes of that size cost
+    about what the one capped scan before did."""
+    cap = 2 * (limit + 1)
+    while True:
+        mid = (crowded + roomy) // 2
+        window = _scan(schedule, fire_us, mid, cutoff, limit, cap)
+        if not window.complete:
+            crowded = mid
+        elif window.dropped_count > 0:
+            return mid, window
+        else:
+            roomy = mid
+
+
+def _scan(schedule: dict[str, Any], fire_us: int, start: int, cutoff: int, limit: int, steps_max: int) -> _Window:
     """The newest `limit` occurrences in [start, cutoff), the newest dropped one, and how many were dropped."""
     window: deque[int] = deque(maxlen=limit)
     t = fire_us if start == fire_us else cron.next_after(schedule, start - 1)
     dropped, dropped_count, steps = None, 0, 0
-    while t is not None and t < cutoff and steps < WINDOW_STEPS_MAX:
+    while t is not None and t < cutoff and steps < steps_max:
         if len(window) == limit:
             dropped, dropped_count = window[0], dropped_count + 1
         window.append(t)
         t = cron.next_after(schedule, t)
         steps += 1
-    return list(window), dropped, dropped_count
+    return _Window(list(window), dropped, dropped_count, complete=t is None or t >= cutoff)
 
 
 def _count(schedule: dict[str, Any], first_us: int, end_us: int) -> int | None:

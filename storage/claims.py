@@ -97,7 +97,8 @@ def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int, old_fire: int 
 
 
 def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) -> list[Record]:
-    found = catchup.missed(job["schedule"], fire_us, cutoff, job["catchup_limit"])
+    found = catchup.missed(job["schedule"], fire_us, cutoff, job["catchup_limit"],
+                           exact=ctx.version >= ops.OVERDUE_RECORDED_SINCE)
     made: list[Record] = []
     if found.older_first is not None:
         made.append(_summary(ctx, job, found, now))
@@ -116,6 +117,25 @@ def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) ->
             made.append(_skipped(ctx, job, t, now, Reason.MISFIRE_SKIP))
     _advance(ctx, job, cron.next_after(job["schedule"], cutoff - 1), fire_us, now)
     return made
+
+
+def skip_overdue(ctx: Ctx, job: Record, now: int, before_us: int | None, reason: Reason) -> dict[str, int]:
+    """Record as skipped (`reason`) the occurrences of a scheduled job that came due at or
+    before `now`, and before `before_us` when given, and were not claimed: a pause or a
+    schedule PATCH is about to move the job past them. The newest catchup_limit get a
+    record each, the older ones a summary, as a catch-up would. Returns the count by reason."""
+    fire_us = job["next_fire_us"]
+    end = now + 1 if before_us is None else min(now + 1, before_us)
+    if job["state"] != JOB_SCHEDULED or fire_us is None or fire_us >= end:
+        return {}
+    records.prune_history(ctx, job["job_id"], job["history_limit"] - 1, now)
+    found = catchup.missed(job["schedule"], fire_us, end, job["catchup_limit"])
+    made = [_summary(ctx, job, found, now)] if found.older_first is not None else []
+    made += [_skipped(ctx, job, t, now, reason) for t in found.recent
+             if not records.occurrence_taken(ctx, job["job_id"], t)]
+    reasons: dict[str, int] = {}
+    tally(made, [], reasons)
+    return reasons
 
 
 def occur(ctx: Ctx, job: Record, scheduled_us: int, now: int, available_us: int,

@@ -123,21 +123,30 @@ def _pending_runs(ctx: Ctx, job_id: str, stats: Record) -> list[Record]:
 
 
 def pause_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """No new occurrences from now. From version 9 on, a repeating job's occurrences that
+    came due before the pause and were not claimed are recorded skipped (`paused`): the
+    resume re-arms from its own time, so they would otherwise leave no trace. A one-off's
+    stays its next fire time, for the resume (resume_job)."""
     job = records.get_job(ctx, cmd["job_id"])
     if job is not None:
         claims.withdraw_ahead(ctx, job, cmd["now"])
     err = _not_live(job, cmd["job_id"])
     if err:
         return err
+    skipped: dict[str, int] = {}
     if job["state"] == JobState.SCHEDULED:
+        if ctx.version >= ops.OVERDUE_RECORDED_SINCE and job["schedule"]["kind"] != "at":
+            skipped = claims.skip_overdue(ctx, job, cmd["now"], None, Reason.PAUSED)
         old_fire = job["next_fire_us"]
         job.update(state=job_transition(job["state"], JobEvent.PAUSE), next_fire_us=None, updated_us=cmd["now"])
         records.put_job(ctx, job, old_fire, JobState.SCHEDULED)
-    return {"ok": True}
+    return {"ok": True, "skipped_reasons": skipped}
 
 
 def resume_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
-    """Re-arm from now: what fell inside the pause is not caught up (paused = off on purpose)."""
+    """Re-arm from now: what fell inside the pause is not caught up (paused = off on purpose).
+    A one-off never fired (a fired one is completed), so it is re-armed at its own time: a
+    passed one is claimed as missed (entries before version 9: at the resume's time)."""
     job = records.get_job(ctx, cmd["job_id"])
     if job is not None and ctx.version >= ops.CLAIM_AT_CREATE_SINCE and claims.one_off_ahead(job, cmd["now"]):
         return {"ok": True}  # it reads as scheduled (queries.as_seen): resuming it changes nothing
@@ -146,7 +155,8 @@ def resume_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         return err
     if job["state"] == JobState.PAUSED:
         now = cmd["now"]
-        job.update(state=job_transition(job["state"], JobEvent.RESUME), next_fire_us=_rearm(job["schedule"], now),
+        job.update(state=job_transition(job["state"], JobEvent.RESUME),
+                   next_fire_us=_rearm(job["schedule"], now, ctx.version >= ops.OVERDUE_RECORDED_SINCE),
                    updated_us=now)
         if job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
@@ -154,10 +164,9 @@ def resume_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True}
 
 
-def _rearm(schedule: dict[str, Any], now: int) -> int | None:
+def _rearm(schedule: dict[str, Any], now: int, own_time: bool) -> int | None:
     if schedule["kind"] == "at":
-        # A paused one-off never fired (a fired one is completed): it runs late, never silently not.
-        return max(schedule["at_us"], now)
+        return schedule["at_us"] if own_time else max(schedule["at_us"], now)
     return cron.next_after(schedule, now)
 
 
@@ -185,10 +194,15 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         if problem:
             return _fail("invalid_job", f"{problem}; job {job_id!r} now has backoff {stored}")
     claims.withdraw_ahead(ctx, job, cmd["now"])
+    skipped: dict[str, int] = {}
+    if "schedule" in changes:
+        changes["schedule"] = _anchored(changes["schedule"], now)
+        if ctx.version >= ops.OVERDUE_RECORDED_SINCE:
+            # Under the old definition: what came due before the new schedule's first fire.
+            first = cron.first_fire(changes["schedule"], now)
+            skipped = claims.skip_overdue(ctx, job, now, first, Reason.RESCHEDULED)
     old_fire, was = job["next_fire_us"], job["state"]
     job.update(changes, updated_us=now)
-    if "schedule" in changes:
-        job["schedule"] = _anchored(changes["schedule"], now)
     if "schedule" in changes and job["state"] != JobState.PAUSED:
         job["next_fire_us"] = cron.first_fire(job["schedule"], now)
         if job["state"] == JobState.COMPLETED and job["next_fire_us"] is not None:
@@ -196,7 +210,7 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         elif job["state"] == JobState.SCHEDULED and job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
     records.put_job(ctx, job, old_fire, was)
-    return {"ok": True}
+    return {"ok": True, "skipped_reasons": skipped}
 
 
 def trigger_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:

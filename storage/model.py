@@ -55,6 +55,8 @@ class Reason(str, Enum):
     MAX_ATTEMPTS = "max_attempts"
     TIMEOUT = "timeout"
     LEASE_EXPIRED = "lease_expired"
+    PAUSED = "paused"  # came due before a pause and was not claimed (entries of version 9 on)
+    RESCHEDULED = "rescheduled"  # came due before a PATCH of the schedule and was not claimed
 
 
 R, J = RunState, JobState

@@ -14,8 +14,8 @@ from storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 8
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
+VERSION = 9
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -50,6 +50,16 @@ CANCEL_RUNNING_SINCE = 7
 # (leases.redrive); before, it ran after the job's DELETE. And history pruning starts
 # after the dead letters at the head of a job's runs (records.prune_history).
 REDRIVE_CANCELLED_SINCE = PRUNE_PAST_DEAD_SINCE = 8
+# Since 9 (2026-12-04): every occurrence due before a command has a record.
+# - A catch-up whose scan window holds too many occurrences narrows it (catchup.missed,
+#   exact); before, the scan stopped part-way and fired the wrong "latest" occurrence.
+# - A pause of a repeating job, or a PATCH of its schedule, records the occurrences
+#   that came due before it and were not claimed as skipped (`paused`, `rescheduled`;
+#   claims.skip_overdue); before, they went without a record.
+# - A resumed one-off keeps its own time as its next fire time, so a passed one is a
+#   missed occurrence (misfire policy, starting deadline) with its own scheduled time
+#   and idempotency key; before, it fired with the resume's time.
+OVERDUE_RECORDED_SINCE = 9
 
 
 class Op(IntEnum):

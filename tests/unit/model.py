@@ -178,11 +178,14 @@ class Model:
             return err, True
         if job["state"] == "paused":
             return (True, None), True  # idempotent
+        if self.entry_version >= ops.OVERDUE_RECORDED_SINCE and job["schedule"]["kind"] != "at":
+            self._skip_overdue(Ids(index), job, cmd["now"], None, "paused")  # a one-off's waits for the resume
         job.update(state="paused", next_fire_us=None)
         return (True, None), False
 
     def resume(self, index: int, cmd: Rec) -> tuple[Any, bool]:
-        """Re-armed from now: nothing from inside the pause is caught up; a passed one-off fires at once.
+        """Re-armed from now: nothing from inside the pause is caught up; a one-off at its own time
+        (from version 9: a passed one is then claimed as missed; before, it fired at the resume's time).
         From version 3 on, a one-off completed by a claim ahead of its time is resumed as the
         scheduled job it reads as: a no-op."""
         ahead = self.jobs.get(cmd["job_id"])
@@ -195,7 +198,10 @@ class Model:
         if job["state"] == "scheduled":
             return (True, None), True  # idempotent
         sched, now = job["schedule"], cmd["now"]
-        nxt = max(sched["at_us"], now) if sched["kind"] == "at" else next_after(sched, now)
+        if sched["kind"] == "at":
+            nxt = sched["at_us"] if self.entry_version >= ops.OVERDUE_RECORDED_SINCE else max(sched["at_us"], now)
+        else:
+            nxt = next_after(sched, now)
         job.update(state="scheduled", next_fire_us=nxt)
         return (True, None), False
 
@@ -212,6 +218,8 @@ class Model:
             if changes["backoff"]["max_ms"] < changes["backoff"]["base_ms"]:
                 return (False, "invalid_job"), True
         self._withdraw_ahead(job, cmd)
+        if "schedule" in changes and self.entry_version >= ops.OVERDUE_RECORDED_SINCE:
+            self._skip_overdue(Ids(index), job, cmd["now"], first_fire(changes["schedule"]), "rescheduled")
         job.update(changes)
         if "schedule" in changes and job["state"] != "paused":
             job["next_fire_us"] = first_fire(job["schedule"])
@@ -272,18 +280,7 @@ class Model:
     def _missed(self, ids: Ids, job: Rec, fire: int, now: int, cutoff: int) -> list[Rec]:
         """Missed occurrences in [fire, cutoff): the newest catchup_limit are considered,
         the older ones get one summary record; misfire_policy picks what runs."""
-        sched, missed, t = job["schedule"], [], fire
-        while t is not None and t < cutoff:
-            missed.append(t)
-            t = next_after(sched, t)
-        limit = job["catchup_limit"]
-        recent, older = missed[-limit:], missed[:-limit]
-        made = []
-        if older:
-            summary = self._new_run(ids, job, older[0], now, "skipped", ("exact", older[0]))
-            summary.update(reason="catchup_limit", finished_us=now, skipped_count=len(older),
-                           skipped_until_us=older[-1])
-            made.append(summary)
+        recent, made = self._recent_missed(ids, job, fire, now, cutoff)
         to_run = {"fire_all": recent, "fire_once": recent[-1:], "skip": []}[job["misfire_policy"]]
         k = 0
         for t in recent:
@@ -294,8 +291,35 @@ class Model:
                 k += 1
             else:
                 made.append(self._skipped(ids, job, t, now, "misfire_skip"))
-        self._advance(job, next_after(sched, cutoff - 1))
+        self._advance(job, next_after(job["schedule"], cutoff - 1))
         return made
+
+    def _recent_missed(self, ids: Ids, job: Rec, fire: int, now: int, end: int) -> tuple[list[int], list[Rec]]:
+        """The newest catchup_limit occurrences in [fire, end), and a summary record of the older ones."""
+        sched, missed, t = job["schedule"], [], fire
+        while t is not None and t < end:
+            missed.append(t)
+            t = next_after(sched, t)
+        limit = job["catchup_limit"]
+        recent, older = missed[-limit:], missed[:-limit]
+        if not older:
+            return recent, []
+        summary = self._new_run(ids, job, older[0], now, "skipped", ("exact", older[0]))
+        summary.update(reason="catchup_limit", finished_us=now, skipped_count=len(older), skipped_until_us=older[-1])
+        return recent, [summary]
+
+    def _skip_overdue(self, ids: Ids, job: Rec, now: int, before: int | None, reason: str) -> None:
+        """From version 9, a pause or a schedule PATCH records the occurrences of a scheduled job
+        due at or before now (and before `before`) that no claim took: skipped, `reason`."""
+        fire = job["next_fire_us"]
+        end = now + 1 if before is None else min(now + 1, before)
+        if job["state"] != "scheduled" or fire is None or fire >= end:
+            return
+        self._prune(job["job_id"], job["history_limit"] - 1, now)
+        recent, _ = self._recent_missed(ids, job, fire, now, end)
+        for t in recent:
+            if not self.taken(job["job_id"], t):
+                self._skipped(ids, job, t, now, reason)
 
     def _advance(self, job: Rec, nxt: int | None) -> None:
         job["next_fire_us"] = nxt

@@ -111,7 +111,7 @@ PICK = st.integers(0, 63)
 # keeps the rules it had: at 1 no withdrawal by pause or update and no deferred claims, before
 # 3 no claim in the creating entry, before 4 every job's run counts stored.
 COUNTS = ("pending", "running", "runs")  # of job_stats; the rest says where pruning starts
-VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 7, 6, 3, 2, 1])
+VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 8, 7, 6, 3, 2, 1])
 
 
 def resolve(schedule: tuple[str, int], now: int) -> Rec:

@@ -7,6 +7,7 @@ import pathlib
 import msgpack
 import pytest
 
+from schedulerd.timefmt import from_iso
 from storage import codec, keys
 from storage.model import JobState, RunState
 from storage.ops import Op
@@ -72,6 +73,19 @@ def test_a_long_outage_does_not_flood_history(d: Driver) -> None:
     assert len(runs) == 101  # one summary + catchup_limit (100) considered
     assert runs[0]["reason"] == "catchup_limit" and runs[0]["skipped_count"] is None  # too many to count
     assert [r["state"] for r in runs].count("queued") == 1  # fire_once
+
+
+@pytest.mark.parametrize("version, latest", [(9, "2026-02-28T23:59:00"), (8, "2026-01-14T21:18:00")])
+def test_a_catch_up_over_a_window_too_dense_to_walk_fires_the_latest(d: Driver, version: int, latest: str) -> None:
+    # Every minute but in December, missed from the last minute of November to March.
+    # The scan window grows from the first gap (a month) to years of minutes; from
+    # version 9 it is narrowed to the newest, before it was cut 20,000 minutes in.
+    d.create("m", {"kind": "cron", "cron": "* * * 1-11 *", "timezone": "UTC", "seconds": False},
+             now=from_iso("2025-11-30T23:58:30Z"))
+    (queued,) = d.apply(Op.CLAIM_BATCH, version=version, now=from_iso("2026-03-01T00:00:05Z"), grace_us=5 * S,
+                        claims=[["m", from_iso("2025-11-30T23:59:00Z")]])["runs"]
+    assert d.run(queued)["scheduled_us"] == from_iso(latest + "Z")
+    assert d.job("m")["next_fire_us"] == from_iso("2026-03-01T00:00:00Z")
 
 
 def test_late_within_grace_just_runs_late(d: Driver) -> None:
@@ -201,11 +215,60 @@ def test_pause_stops_occurrences_and_resume_rearms_from_now(d: Driver) -> None:
     assert d.runs("e") == []  # nothing from inside the pause was caught up
 
 
-def test_resumed_one_off_whose_time_passed_fires_at_once(d: Driver) -> None:
-    d.create("a", {"kind": "at", "at_us": T0 + 10 * S})
+@pytest.mark.parametrize("policy, outcome", [("fire_once", "queued"), ("skip", "skipped")])
+def test_resumed_one_off_whose_time_passed_is_missed_at_its_own_time(d: Driver, policy: str, outcome: str) -> None:
+    # Its scheduled time (and so its idempotency key) is the one it was created with;
+    # the misfire policy decides whether it runs late.
+    d.create("a", {"kind": "at", "at_us": T0 + 10 * S}, misfire_policy=policy)
     d.apply(Op.PAUSE_JOB, now=T0, job_id="a")
     d.apply(Op.RESUME_JOB, now=T0 + 60 * S, job_id="a")
+    assert d.job("a")["next_fire_us"] == T0 + 10 * S
+    d.claim_due(T0 + 60 * S)
+    assert states(d, "a") == [(10, outcome, None if outcome == "queued" else "misfire_skip")]
+    assert d.job("a")["state"] == JobState.COMPLETED
+
+
+def test_before_version_9_a_resumed_one_off_fired_at_the_resume(d: Driver) -> None:
+    d.create("a", {"kind": "at", "at_us": T0 + 10 * S})
+    d.apply(Op.PAUSE_JOB, now=T0, job_id="a", version=8)
+    d.apply(Op.RESUME_JOB, now=T0 + 60 * S, job_id="a", version=8)
     assert d.job("a")["next_fire_us"] == T0 + 60 * S
+
+
+def test_a_pause_records_what_came_due_before_it_and_was_not_claimed(d: Driver) -> None:
+    # The cluster was down from T0+3 s; the pause lands before the leader's first scan.
+    d.create("e", EVERY5, catchup_limit=2)
+    res = d.apply(Op.PAUSE_JOB, now=T0 + 21 * S, job_id="e")
+    assert res["skipped_reasons"] == {"catchup_limit": 1, "paused": 2}
+    assert states(d, "e") == [(5, "skipped", "catchup_limit"), (15, "skipped", "paused"),
+                              (20, "skipped", "paused")]
+    assert d.runs("e")[0]["skipped_count"] == 2
+    d.apply(Op.RESUME_JOB, now=T0 + 40 * S, job_id="e")
+    assert d.job("e")["next_fire_us"] == T0 + 45 * S and len(d.runs("e")) == 3
+    # A one-off keeps its passed time for the resume instead (above); at version 8 nothing was recorded.
+    d.create("f", EVERY5)
+    assert d.apply(Op.PAUSE_JOB, now=T0 + 21 * S, job_id="f", version=8)["ok"] and d.runs("f") == []
+
+
+def test_a_schedule_patch_records_the_old_schedules_overdue_occurrences(d: Driver) -> None:
+    d.create("e", EVERY5)
+    new = {"kind": "every", "every_us": 60 * S}
+    assert d.apply(Op.UPDATE_JOB, now=T0 + 12 * S, job_id="e", changes={"schedule": new})["skipped_reasons"] == {
+        "rescheduled": 2}
+    assert states(d, "e") == [(5, "skipped", "rescheduled"), (10, "skipped", "rescheduled")]
+    assert d.job("e")["next_fire_us"] == T0 + 72 * S
+    # A PATCH that keeps a passed one-off's time skips nothing: it is still to be claimed, as missed.
+    d.create("a", {"kind": "at", "at_us": T0 + 2 * S})
+    same = {"kind": "at", "at_us": T0 + 2 * S}
+    assert d.apply(Op.UPDATE_JOB, now=T0 + 30 * S, job_id="a", changes={"schedule": same})["skipped_reasons"] == {}
+    d.claim_due(T0 + 30 * S)
+    assert states(d, "a") == [(2, "queued", None)]
+    # Moved to a later time, the passed one is recorded and the new one runs.
+    d.create("b", {"kind": "at", "at_us": T0 + 2 * S})
+    later = {"kind": "at", "at_us": T0 + 90 * S}
+    d.apply(Op.UPDATE_JOB, now=T0 + 30 * S, job_id="b", changes={"schedule": later, "priority": 1})
+    d.claim_due(T0 + 90 * S)
+    assert states(d, "b") == [(2, "skipped", "rescheduled"), (90, "queued", None)]
 
 
 def test_lifecycle_on_cancelled_and_unknown_jobs(d: Driver) -> None:
@@ -293,8 +356,10 @@ def test_pause_of_a_one_off_claimed_ahead_is_a_pause_not_a_conflict(d: Driver) -
     assert d.job("a")["state"] == JobState.COMPLETED
     assert d.apply(Op.PAUSE_JOB, now=T0 + 8 * S, job_id="a")["ok"]
     assert d.job("a")["state"] == JobState.PAUSED and d.runs("a") == []
-    d.apply(Op.RESUME_JOB, now=T0 + 20 * S, job_id="a")  # it never ran: it runs late, not never
-    assert d.job("a")["next_fire_us"] == T0 + 20 * S
+    d.apply(Op.RESUME_JOB, now=T0 + 20 * S, job_id="a")  # it never ran: it runs late, as missed, not never
+    assert d.job("a")["next_fire_us"] == T0 + 10 * S
+    d.claim_due(T0 + 20 * S)
+    assert states(d, "a") == [(10, "queued", None)]
 
 
 def test_update_reclaims_an_occurrence_claimed_ahead_with_the_new_definition(d: Driver) -> None:
