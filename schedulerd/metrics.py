@@ -45,8 +45,9 @@ class Metrics:
         self.runs = Counter("schedulerd_run_events", "Run events applied on this replica, by event "
                             "(claimed, leased, acked, nacked, retried, dead_lettered, lease_expired, "
                             "cancelled, redriven).", ["event"], registry=r)
-        self.skipped = Counter("schedulerd_runs_skipped", "Occurrences recorded as skipped instead of run, "
-                               "by reason (misfire_skip, overlap, deadline, catchup_limit, paused, rescheduled).", ["reason"], registry=r)
+        self.skipped = Counter("schedulerd_runs_skipped", "Occurrences recorded as skipped instead of run, by "
+                               "reason (misfire_skip, overlap, deadline, catchup_limit, paused, rescheduled).",
+                               ["reason"], registry=r)
         self.lateness = BulkHistogram("schedulerd_dispatch_lateness_seconds",
                                       "First lease of an occurrence minus its scheduled time.", LATENESS_BUCKETS_S)
         r.register(self.lateness)

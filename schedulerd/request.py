@@ -83,9 +83,9 @@ def check_query(request: web.Request, allowed: frozenset[str]) -> None:
     if unknown:
         raise InvalidRequest(f"unknown query parameter(s): {', '.join(unknown)}; "
                              f"allowed: {', '.join(sorted(allowed)) or 'none'}")
-    repeated = sorted(k for k in request.query.keys() if len(request.query.getall(k)) > 1)
+    repeated = sorted({k for k in request.query.keys() if len(request.query.getall(k)) > 1})
     if repeated:
-        raise InvalidRequest(f"query parameter(s) given more than once: {', '.join(sorted(set(repeated)))}")
+        raise InvalidRequest(f"query parameter(s) given more than once: {', '.join(repeated)}")
 
 
 def query_int(request: web.Request, name: str, *, default: int, low: int, high: int, limit_name: str) -> int:

@@ -69,8 +69,8 @@ def _narrow(schedule: dict[str, Any], fire_us: int, crowded: int, roomy: int, cu
     most `cap`, found by bisection: [crowded, cutoff) holds more than cap, [roomy, cutoff)
     at most limit. Moving the start by 1 µs changes the count by at most one, and the two
     ends differ by more than one, so a middle always lies strictly between them and the
-    search ends. Each probe stops after `cap` steps: a few dozen probes of that size cost
-    about what the one capped scan before did."""
+    search ends. Each probe stops after `cap` steps, so the search costs less than the
+    WINDOW_STEPS_MAX-step scan that found the window too full."""
     cap = 2 * (limit + 1)
     while True:
         mid = (crowded + roomy) // 2
