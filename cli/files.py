@@ -2,7 +2,8 @@
 through the batch endpoint (one Raft entry per batch) with a progress bar.
 
 The file holds a list of jobs (or `{"jobs": [...]}`), each in the JSON form of
-`POST /v1/jobs`. YAML is read with PyYAML's safe loader (no object tags)."""
+`POST /v1/jobs`. YAML is read with PyYAML's safe loader (no object tags), refusing
+a key given twice in one mapping as the API refuses it in JSON."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import yaml
 
 from cli.session import EXIT_SERVER_ERROR, CliError, Session
 from schedulerd.errors import SchedulerError
+from schedulerd import strict_yaml
 from schedulerd.strict_json import parse_json
 
 BATCH = 100  # the server's default create_batch_max
@@ -28,7 +30,7 @@ def read_jobs(path: str) -> list[dict[str, Any]]:
         raise click.BadParameter(f"cannot read {path!r}: {reason}", param_hint="'--file'") from None
     try:
         # YAML is a superset of JSON: one parser reads both, with line numbers in its errors.
-        data = parse_json(text) if path.endswith(".json") else yaml.safe_load(text)
+        data = parse_json(text) if path.endswith(".json") else strict_yaml.load(text)
     except (ValueError, RecursionError, yaml.YAMLError) as exc:
         raise click.BadParameter(f"{path!r} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
                                  f"{exc}", param_hint="'--file'") from None

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from schedulerd import strict_yaml
 from schedulerd.errors import Forbidden, Unauthorized
 
 log = logging.getLogger("schedulerd.auth")
@@ -101,7 +102,7 @@ class TokenFile:
         """(Re)read the file; raises ValueError naming the problem (the old tokens stay)."""
         try:
             with open(self.path, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
+                data = strict_yaml.load(f)
         except (OSError, yaml.YAMLError) as exc:
             raise ValueError(f"tokens file {self.path}: {exc}") from None
         entries = data.get("tokens") if isinstance(data, dict) else None
@@ -176,7 +177,7 @@ def add_token(path: str, name: str, scopes: list[str], namespaces: list[str]) ->
     data: dict[str, Any] = {"tokens": []}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {"tokens": []}
+            data = strict_yaml.load(f) or {"tokens": []}
     if any(e.get("name") == name for e in data.get("tokens", [])):
         raise ValueError(f"{path} already has a token named {name!r}")
     token = new_token()
