@@ -13,8 +13,8 @@ import click
 import yaml
 
 from cli.session import EXIT_SERVER_ERROR, CliError, Session
-from schedulerd.errors import SchedulerError
 from schedulerd import strict_yaml
+from schedulerd.errors import SchedulerError
 from schedulerd.strict_json import parse_json
 
 BATCH = 100  # the server's default create_batch_max
