@@ -8,7 +8,7 @@ journals and snapshots written by msgpack-python read back unchanged. Both
 objects are thread-safe (msgspec >= 0.16), so one of each serves every thread."""
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 import msgspec
 
@@ -18,12 +18,10 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder()
 
 
-def pack(obj: Any) -> bytes:
-    return _ENCODER.encode(obj)
-
-
-def unpack(raw: bytes) -> Any:
-    return _DECODER.decode(raw)
+# The bound methods themselves, not functions calling them: a Python frame fewer for each
+# of the ~6 packs and unpacks per job on every replica.
+pack: Callable[[Any], bytes] = _ENCODER.encode
+unpack: Callable[[bytes], Any] = _DECODER.decode
 
 
 def partial_decoder(fields: type[T]) -> "msgspec.msgpack.Decoder[T]":
