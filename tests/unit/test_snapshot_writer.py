@@ -183,3 +183,18 @@ def test_a_copy_that_cannot_be_put_in_place_fails_without_raising(setup, monkeyp
     monkeypatch.undo()
     pysyncobj_serialize(writer, final, THIRD)  # over the copy left behind
     assert finished(writer) == SERIALIZER_STATE.SUCCESS and last_index(final) == 13
+
+
+def test_the_snapshot_size_is_read_at_most_once_a_second_once_there_is_one(setup, monkeypatch) -> None:
+    """The compaction check asks at every tick; a stat per tick was ~1% of a busy tick thread."""
+    _, writer, final = setup
+    clock = [1000.0]
+    monkeypatch.setattr("raft.snapshot_writer.time.monotonic", lambda: clock[0])
+    assert writer.size_bytes() == 0
+    final.write_bytes(b"x" * 10)
+    assert writer.size_bytes() == 10, "no snapshot yet: every ask reads the file"
+    final.write_bytes(b"x" * 20)
+    clock[0] += 0.5
+    assert writer.size_bytes() == 10
+    clock[0] += 0.5
+    assert writer.size_bytes() == 20
