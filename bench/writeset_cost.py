@@ -56,14 +56,16 @@ class RecordingTxn:
     def stat(self, db: Any) -> dict[str, int]:
         return self._txn.stat(db)
 
-    def put(self, key: bytes, value: bytes, db: Any = None, overwrite: bool = True) -> bool:
-        stored = self._txn.put(key, value, db=db, overwrite=overwrite)
+    # py-lmdb's signatures: storage/records.py passes the options by position.
+    def put(self, key: bytes, value: bytes, dupdata: bool = True, overwrite: bool = True, append: bool = False,
+            db: Any = None) -> bool:
+        stored = self._txn.put(key, value, dupdata, overwrite, append, db)
         if stored:
             self._writes.append([self._table_no[db], key, value])
         return stored
 
-    def delete(self, key: bytes, db: Any = None) -> bool:
-        deleted = self._txn.delete(key, db=db)
+    def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> bool:
+        deleted = self._txn.delete(key, value, db)
         if deleted:
             self._writes.append([self._table_no[db], key, None])
         return deleted
