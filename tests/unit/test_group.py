@@ -11,6 +11,7 @@ import shutil
 import time
 from typing import Any
 
+import pysyncobj.pickle
 import pytest
 from pysyncobj.serializer import Serializer
 
@@ -18,7 +19,7 @@ from raft import journal as journal_mod
 from raft import compaction
 from raft import snapshot as snapshot_mod
 from raft.conf import RaftConfig
-from raft.group import Group, ProposalFailed
+from raft.group import PICKLE_PROTOCOL, Group, ProposalFailed
 from storage import bootmark, ops, queries
 from storage.ops import Op
 from tests.integration.harness import free_ports, wait_until
@@ -483,3 +484,25 @@ def test_pipelined_appends_are_not_sent_twice(tmp_path: pathlib.Path, loop, capl
     finally:
         for g in groups:
             g.destroy()
+
+
+def test_raft_pickles_at_protocol_5_and_replays_a_journal_written_at_protocol_2(tmp_path: pathlib.Path, loop,
+                                                                               monkeypatch) -> None:
+    """Commands and messages are pickled at protocol 5 (raft/group.py). A journal an older
+    build wrote, its commands pickled at pysyncobj's protocol 2, still replays."""
+    assert pysyncobj.pickle.dumps((1, (b"entry",)))[:2] == b"\x80\x05"
+    (port,) = free_ports(1)
+    monkeypatch.setattr(pysyncobj.pickle, "__protocol", 2)
+    group = single(tmp_path, Recorder(), port)
+    for i in range(5):
+        assert propose(group, loop, create_blob(f"old{i}"))["results"][0]["ok"]
+    group.destroy()
+    monkeypatch.setattr(pysyncobj.pickle, "__protocol", PICKLE_PROTOCOL)
+    shutil.rmtree(tmp_path / "group-0.lmdb")  # the store is rebuilt from the journal alone
+    group = single(tmp_path, Recorder(), port)
+    try:
+        wait_until(lambda: job_count(group) == 5, 10, "the old journal to replay")
+        assert propose(group, loop, create_blob("new"))["results"][0]["ok"]
+        assert job_count(group) == 6
+    finally:
+        group.destroy()
