@@ -64,6 +64,14 @@ def test_answer_cost_times_each_part() -> None:
         assert part in proc.stdout
 
 
+def test_pickle_cost_times_both_protocols() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.pickle_cost", "--jobs", "20", "--repeat", "20"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split()[0] for line in proc.stdout.splitlines()[2:]]
+    assert rows == ["2", "5"]
+
+
 def test_scale_side_by_side_runs_every_window_on_both_clusters(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "-m", "bench", "scale", "--live", "2000", "--baseline-live", "500",

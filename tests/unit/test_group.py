@@ -493,6 +493,7 @@ def test_raft_pickles_at_protocol_5_and_replays_a_journal_written_at_protocol_2(
     assert pysyncobj.pickle.dumps((1, (b"entry",)))[:2] == b"\x80\x05"
     (port,) = free_ports(1)
     monkeypatch.setattr(pysyncobj.pickle, "__protocol", 2)
+    assert pysyncobj.pickle.dumps((1, (b"entry",)))[:2] == b"\x80\x02", "the old build's commands"
     group = single(tmp_path, Recorder(), port)
     for i in range(5):
         assert propose(group, loop, create_blob(f"old{i}"))["results"][0]["ok"]
