@@ -151,6 +151,7 @@ class WorkerFleet:
         self.processes, self.concurrency = processes, concurrency
         self.procs: list[subprocess.Popen] = []
         self._offsets: dict[str, int] = {}
+        self._ack_lines: dict[str, tuple[int, int]] = {}  # acks file -> (bytes counted, lines in them)
         self.starts: dict[str, tuple[str, float, float]] = {}  # run_id -> (job_id, scheduled, start)
         self.acks: dict[str, float] = {}  # run_id -> first ack time
         self.acked_per_plan: dict[str, int] = {}  # job id prefix ("st" of "st-17") -> runs acked
@@ -211,6 +212,23 @@ class WorkerFleet:
             self._unplaced.discard(run_id)
             plan = self.starts[run_id][0].rpartition("-")[0]
             self.acked_per_plan[plan] = self.acked_per_plan.get(plan, 0) + 1
+
+    def ack_lines(self) -> int:
+        """Ack lines the workers have written so far, counted without parsing them. A run
+        acked twice (redelivered) counts twice."""
+        total = 0
+        for i in range(self.processes):
+            path = os.path.join(self.out_dir, f"w{i}.acks.tsv")
+            offset, lines = self._ack_lines.get(path, (0, 0))
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                chunk = b""
+            self._ack_lines[path] = (offset + len(chunk), lines + chunk.count(b"\n"))
+            total += self._ack_lines[path][1]
+        return total
 
     def records(self, prefix: str) -> list[Record]:
         self.refresh()
@@ -292,12 +310,13 @@ class SdSystem:
         meter = CpuMeter({"server": self.cluster.pids, "clients": lambda: self.pids()["clients"]})
         per_node = CpuMeter({n.name: (lambda n=n: [n.pid] if n.pid else []) for n in self.cluster.nodes})
         counters = self._counters()
+        acks_before = self.fleet.ack_lines()
         meter.begin()
         per_node.begin()
         stats = asyncio.run(feed_oneoff(self.cluster.urls, plan, BATCH_MAX, self.in_flight))
         created_at = time.time()
         deadline = max(plan.last_due, created_at) + drain_s
-        while time.time() < deadline and self.fleet.acked_count(plan.prefix) < plan.count:
+        while time.time() < deadline and not self._all_acked(plan, acks_before):
             time.sleep(0.2)
         wall_s = meter.elapsed_s()
         cpu = meter.end()
@@ -306,6 +325,15 @@ class SdSystem:
                 "late_creates": stats.late, "created_at": created_at, "cpu_cores": cpu, "nodes": nodes,
                 "unacked": plan.count - self.fleet.acked_count(plan.prefix)}
         return self.fleet.records(plan.prefix + "-"), info
+
+    def _all_acked(self, plan: OneOff, acks_before: int) -> bool:
+        """Whether every job of the plan was acked. The workers' records are read (parsed)
+        only once their ack lines could add up to the plan: parsed every 0.2 s from the
+        end of the feeding, 60 s of them at 10,000 jobs/s took this process 0.4-0.6 cores
+        in the last seconds of due times, when the cluster under test had the most to do,
+        and parsed as they come, ~0.05 cores all along."""
+        return (self.fleet.ack_lines() - acks_before >= plan.count
+                and self.fleet.acked_count(plan.prefix) >= plan.count)
 
     def cron(self, jobs: int, minutes: int, drain_s: float, prefix: str) -> tuple[list[Record], dict[str, Any]]:
         bodies = [job_body(f"{prefix}-{k}", {"cron": "* * * * *"}) for k in range(jobs)]

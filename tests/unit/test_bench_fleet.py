@@ -32,3 +32,14 @@ def test_a_half_written_line_waits_for_its_end(tmp_path: Path) -> None:
     assert fleet.acked_count("st") == 0
     _append(acks, "0000\n")
     assert fleet.acked_count("st") == 1 and fleet.acks["r1"] == 100.02
+
+
+def test_ack_lines_are_counted_as_written_without_reading_the_starts(tmp_path: Path) -> None:
+    fleet = WorkerFleet([], str(tmp_path), processes=2, concurrency=1)
+    assert fleet.ack_lines() == 0  # no worker has written yet
+    _append(tmp_path / "w0.acks.tsv", "r1\t100.020000\nr2\t100.0")
+    _append(tmp_path / "w1.acks.tsv", "r3\t100.030000\n")
+    assert fleet.ack_lines() == 2
+    _append(tmp_path / "w0.acks.tsv", "30000\nr1\t100.500000\n")  # a repeated ack counts again
+    assert fleet.ack_lines() == 4
+    assert fleet.acks == {}  # nothing was parsed
