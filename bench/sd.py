@@ -184,15 +184,10 @@ class WorkerFleet:
 
     def _tail(self, path: str) -> list[list[str]]:
         """Complete new lines of a file since the last read."""
-        try:
-            with open(path) as f:
-                f.seek(self._offsets.get(path, 0))
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind("\n") + 1
-        self._offsets[path] = self._offsets.get(path, 0) + len(chunk[:end].encode())
-        return [line.split("\t") for line in chunk[:end].splitlines()]
+        chunk = _read_from(path, self._offsets.get(path, 0))
+        end = chunk.rfind(b"\n") + 1
+        self._offsets[path] = self._offsets.get(path, 0) + end
+        return [line.split("\t") for line in chunk[:end].decode().splitlines()]
 
     def refresh(self) -> None:
         for i in range(self.processes):
@@ -220,12 +215,7 @@ class WorkerFleet:
         for i in range(self.processes):
             path = os.path.join(self.out_dir, f"w{i}.acks.tsv")
             offset, lines = self._ack_lines.get(path, (0, 0))
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-            except FileNotFoundError:
-                chunk = b""
+            chunk = _read_from(path, offset)
             self._ack_lines[path] = (offset + len(chunk), lines + chunk.count(b"\n"))
             total += self._ack_lines[path][1]
         return total
@@ -239,6 +229,16 @@ class WorkerFleet:
         """Runs acked of jobs named f"{plan_prefix}-{k}"."""
         self.refresh()
         return self.acked_per_plan.get(plan_prefix, 0)
+
+
+def _read_from(path: str, offset: int) -> bytes:
+    """What a worker's records file holds past `offset`; nothing before the worker writes it."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+    except FileNotFoundError:
+        return b""
 
 
 # ---- the system under test, as the scenarios see it --------------------------------------

@@ -334,8 +334,10 @@ class Worker:
         if now is not None:
             self._server_ahead_s[server] = (now - datetime.now(timezone.utc)).total_seconds()
 
-    def _lease_left_s(self, server: str, lease_until: datetime) -> float:
-        return _seconds_until(lease_until) - self._server_ahead_s.get(server, 0.0)
+    def _lease_left_s(self, server: str, lease_until: datetime, now_wall: datetime) -> float:
+        """Seconds left at `now_wall` (our clock, read once per answer) on a lease measured
+        on `server`'s clock."""
+        return (lease_until - now_wall).total_seconds() - self._server_ahead_s.get(server, 0.0)
 
     def _start_tasks(self, server: str, tasks: list[Task], held: int) -> int:
         """Spawn a runner per task, each owning one held slot; returns slots used."""
@@ -344,9 +346,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         # Each lease's time left is read as the answer arrived, with one clock read for all
         # of its tasks rather than one per task as each runner starts.
-        now, now_wall, ahead_s = loop.time(), datetime.now(timezone.utc), self._server_ahead_s.get(server, 0.0)
+        now, now_wall = loop.time(), datetime.now(timezone.utc)
         for task in tasks[:held]:
-            left_s = (task.lease_until - now_wall).total_seconds() - ahead_s
+            left_s = self._lease_left_s(server, task.lease_until, now_wall)
             runner = loop.create_task(self._run_task(server, task, now, left_s))
             self._running.add(runner)
             runner.add_done_callback(self._runner_done)
@@ -556,13 +558,13 @@ class Worker:
         except ValueError:
             log.warning("heartbeat_time_unreadable server=%s now=%r", server, data.get("now"))
         by_run = {lease.task.run_id: lease for lease in leases}
-        now = asyncio.get_running_loop().time()
+        now, now_wall = asyncio.get_running_loop().time(), datetime.now(timezone.utc)
         for item in data.get("results") or []:
             lease = by_run.get(item.get("run_id"))
             if lease is None:
                 continue
             if item.get("ok"):
-                lease.deadline = now + self._lease_left_s(server, _parse_time(item["lease_until"]))
+                lease.deadline = now + self._lease_left_s(server, _parse_time(item["lease_until"]), now_wall)
             elif (item.get("error") or {}).get("code") == StaleFence.code:
                 self._lose(lease)
             else:
@@ -635,10 +637,6 @@ def _parse_time(text: str) -> datetime:
     if when.tzinfo is None:
         raise ValueError(f"time {text!r} has no zone")
     return when
-
-
-def _seconds_until(when: datetime) -> float:
-    return (when - datetime.now(timezone.utc)).total_seconds()
 
 
 def _describe(exc: BaseException) -> str:
