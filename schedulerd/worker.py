@@ -299,16 +299,16 @@ class Worker:
                     log.warning("poll_size_lowered server=%s max_tasks=%d error=%s",
                                 server, held // 2, _describe(exc))
                     continue
-                self.stats.poll_errors += 1
                 log.error("poll_failed server=%s error=%s", server, _describe(exc))
+                self.stats.poll_errors += 1  # logged before counted, as in _lose
                 await asyncio.sleep(next(backoff))
                 continue
             except (*_TRANSIENT, SchedulerError) as exc:
                 self._slots.give(held)
-                self.stats.poll_errors += 1
                 # A 4xx means this SDK and the server disagree on the contract: a bug, not weather.
                 level = logging.WARNING if isinstance(exc, _TRANSIENT) else logging.ERROR
                 log.log(level, "poll_failed server=%s error=%s", server, _describe(exc))
+                self.stats.poll_errors += 1
                 await asyncio.sleep(next(backoff))
                 continue
             except asyncio.CancelledError:
