@@ -14,8 +14,8 @@ from storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 9
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9})
+VERSION = 10
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -60,6 +60,11 @@ REDRIVE_CANCELLED_SINCE = PRUNE_PAST_DEAD_SINCE = 8
 #   missed occurrence (misfire policy, starting deadline) with its own scheduled time
 #   and idempotency key; before, it fired with the resume's time.
 OVERDUE_RECORDED_SINCE = 9
+# Since 10 (2026-12-04): apply stores job and run records of the usual keys as arrays
+# (storage/layouts.py), ~40% of their bytes as maps. No rule changes; the gate keeps
+# every replica writing the same bytes for an entry, and keeps array records out of
+# any store an older build reads (snapshots included) until every voter reads them.
+ARRAY_RECORDS_SINCE = 10
 
 
 class Op(IntEnum):

@@ -9,15 +9,16 @@ import lmdb
 import msgspec
 
 from storage import claims, keys
-from storage.codec import partial_decoder, unpack
+from storage.codec import unpack
 from storage.db import DB_NAMES, Tables
+from storage.layouts import JOBS, RUNS
 from storage.model import JOB_SCHEDULED, JobState
 from storage.records import Record
 
 
 def get_job(txn: lmdb.Transaction, t: Tables, job_id: str) -> Record | None:
     raw = txn.get(keys.job_key(job_id), db=t.jobs)
-    return unpack(raw) if raw else None
+    return JOBS.unpack(raw) if raw else None
 
 
 class TaskPart(msgspec.Struct, frozen=True):
@@ -27,7 +28,7 @@ class TaskPart(msgspec.Struct, frozen=True):
     target: Any = None
 
 
-_TASK_PART = partial_decoder(TaskPart)
+_TASK_PART = JOBS.partial_decoder(TaskPart)
 
 
 def task_parts(txn: lmdb.Transaction, t: Tables, job_ids: Iterable[str]) -> dict[str, TaskPart | None]:
@@ -36,13 +37,13 @@ def task_parts(txn: lmdb.Transaction, t: Tables, job_ids: Iterable[str]) -> dict
     for job_id in job_ids:
         if job_id not in out:
             raw = txn.get(keys.job_key(job_id), db=t.jobs)
-            out[job_id] = _TASK_PART.decode(raw) if raw else None
+            out[job_id] = _TASK_PART(raw) if raw else None
     return out
 
 
 def get_run(txn: lmdb.Transaction, t: Tables, run_id: str) -> Record | None:
     raw = txn.get(keys.run_key(run_id), db=t.runs)
-    return unpack(raw) if raw else None
+    return RUNS.unpack(raw) if raw else None
 
 
 def as_seen(job: Record, now_us: int) -> Record:
@@ -76,7 +77,7 @@ def list_jobs(txn: lmdb.Transaction, t: Tables, *, state: str | None, queue: str
                 if scanned >= scan_max:
                     return out, key.decode()
                 continue
-            job = as_seen(unpack(raw), now_us)
+            job = as_seen(JOBS.unpack(raw), now_us)
             if (state is None or job["state"] == state) and (queue is None or job["queue"] == queue):
                 out.append(job)
                 if len(out) == limit:

@@ -12,12 +12,13 @@ job on every replica: by position, apply runs 3.8% fewer instructions
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import lmdb
 
 from storage import keys, ops
 from storage.codec import pack, unpack
+from storage.layouts import JOBS, RUNS
 from storage.db import Tables
 from storage.model import PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING, TERMINAL_RUN_STATES
 
@@ -42,9 +43,15 @@ class Ctx:
     stats_changed: set[str] = field(default_factory=set)
     state_counts: dict[str, int] = field(default_factory=dict)
     run_id_prefix: str = field(init=False)
+    # How this entry stores job and run records: in their layouts from version 10 on.
+    pack_job: Callable[[Record], bytes] = field(init=False)
+    pack_run: Callable[[Record], bytes] = field(init=False)
 
     def __post_init__(self) -> None:
         self.run_id_prefix = f"{self.group}-{self.index}-"
+        arrays = self.version >= ops.ARRAY_RECORDS_SINCE
+        self.pack_job = JOBS.pack if arrays else pack
+        self.pack_run = RUNS.pack if arrays else pack
 
     def new_run_id(self) -> str:
         """`{group}-{raft index}-{n}`: unique, and the same on every replica."""
@@ -55,7 +62,7 @@ class Ctx:
 
 def get_job(ctx: Ctx, job_id: str) -> Record | None:
     raw = ctx.txn.get(keys.job_key(job_id), None, ctx.tables.jobs)
-    return unpack(raw) if raw else None
+    return JOBS.unpack(raw) if raw else None
 
 
 def job_exists(ctx: Ctx, job_id: str) -> bool:
@@ -82,12 +89,12 @@ def put_job(ctx: Ctx, job: Record, old_fire_us: int | None, was: str | None) -> 
         ctx.txn.delete(keys.due_key(shard, old_fire_us, job_id), b"", ctx.tables.due)
     if job["next_fire_us"] is not None:
         ctx.txn.put(keys.due_key(shard, job["next_fire_us"], job_id), b"", True, True, False, ctx.tables.due)
-    ctx.txn.put(keys.job_key(job_id), pack(job), True, True, False, ctx.tables.jobs)
+    ctx.txn.put(keys.job_key(job_id), ctx.pack_job(job), True, True, False, ctx.tables.jobs)
 
 
 def get_run(ctx: Ctx, run_id: str) -> Record | None:
     raw = ctx.txn.get(keys.run_key(run_id), None, ctx.tables.runs)
-    return unpack(raw) if raw else None
+    return RUNS.unpack(raw) if raw else None
 
 
 def occurrence_taken(ctx: Ctx, job_id: str, scheduled_us: int) -> bool:
@@ -164,7 +171,7 @@ def insert_run(ctx: Ctx, run: Record, keep_stats: bool) -> None:
     occ = keys.occurrence_key(job_id, run["scheduled_us"])
     if not ctx.txn.put(occ, run["run_id"].encode(), True, False, False, ctx.tables.occurrences):
         raise AssertionError(f"occurrence {run['job_id']}@{run['scheduled_us']} claimed twice")
-    ctx.txn.put(keys.run_key(run["run_id"]), pack(run), True, True, False, ctx.tables.runs)
+    ctx.txn.put(keys.run_key(run["run_id"]), ctx.pack_run(run), True, True, False, ctx.tables.runs)
     _index_run(ctx, run)
     _bump(ctx, job_id, None, run)
     reopen_dead_head(ctx, run)
@@ -173,7 +180,7 @@ def insert_run(ctx: Ctx, run: Record, keep_stats: bool) -> None:
 def update_run(ctx: Ctx, before: Record, after: Record) -> None:
     """Replace a run record; its index entries and its job's counts follow its state."""
     _unindex_run(ctx, before)
-    ctx.txn.put(keys.run_key(after["run_id"]), pack(after), True, True, False, ctx.tables.runs)
+    ctx.txn.put(keys.run_key(after["run_id"]), ctx.pack_run(after), True, True, False, ctx.tables.runs)
     _index_run(ctx, after)
     if before["state"] != after["state"]:
         _bump(ctx, after["job_id"], before, after)

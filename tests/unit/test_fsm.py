@@ -77,7 +77,7 @@ def _stored_job_bytes(d: Driver, job_id: str) -> bytes:
 
 def test_a_create_entry_carries_only_what_was_given_and_stores_the_whole_job(tmp_path: pathlib.Path) -> None:
     """Version 5 entries carry each job's given fields; the job stored is byte for byte the
-    one an older entry carrying every field stored."""
+    one an older entry carrying every field stored (both as maps: before version 10)."""
     now = 1_800_000_000 * S
     spec = jobspec.parse_job({"job_id": "a", "schedule": {"every": "30s"}, "queue": "q", "priority": 0}, now, Limits())
     assert sorted(spec) == ["job_id", "priority", "queue", "schedule", "schedule_spec"]
@@ -85,7 +85,7 @@ def test_a_create_entry_carries_only_what_was_given_and_stores_the_whole_job(tmp
     assert len(codec.pack(spec)) < len(codec.pack(whole)) / 2
     old, new = Driver(str(tmp_path / "old")), Driver(str(tmp_path / "new"))
     old.apply(Op.CREATE_JOBS, now=now, jobs=[whole], version=4)
-    new.apply(Op.CREATE_JOBS, now=now, jobs=[spec])
+    new.apply(Op.CREATE_JOBS, now=now, jobs=[spec], version=ops.ARRAY_RECORDS_SINCE - 1)
     assert _stored_job_bytes(new, "a") == _stored_job_bytes(old, "a")
     assert new.job("a")["max_attempts"] == 3 and new.job("a")["backoff"] == SPEC_DEFAULTS["backoff"]
 

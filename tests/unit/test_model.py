@@ -34,6 +34,7 @@ from schedulerd.jobspec import JOB_DEFAULTS
 from storage import keys, ops, queries, records
 from storage.db import DB_NAMES, LAST_APPLIED
 from storage.jobs import SPEC_DEFAULTS
+from storage.layouts import JOBS, RUNS
 from storage.model import JOB_TRANSITIONS, RUN_TRANSITIONS
 from storage.ops import Op
 from storage.codec import unpack
@@ -111,7 +112,7 @@ PICK = st.integers(0, 63)
 # keeps the rules it had: at 1 no withdrawal by pause or update and no deferred claims, before
 # 3 no claim in the creating entry, before 4 every job's run counts stored.
 COUNTS = ("pending", "running", "runs")  # of job_stats; the rest says where pruning starts
-VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 8, 7, 6, 3, 2, 1])
+VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 9, 8, 7, 6, 3, 2, 1])
 
 
 def resolve(schedule: tuple[str, int], now: int) -> Rec:
@@ -149,10 +150,10 @@ def scan(d: Driver) -> Snapshot:
             job_id, _, scheduled = k.partition(b"\x00")  # job ids never hold a NUL
             occurrences[(job_id.decode(), keys.read_u64(scheduled))] = v.decode()
         ctx = records.Ctx(txn, t, 0, 0, ops.VERSION)
-        jobs = {k.decode(): unpack(v) for k, v in items(t.jobs)}
+        jobs = {k.decode(): JOBS.unpack(v) for k, v in items(t.jobs)}
         return Snapshot(
             jobs=jobs,
-            runs={k.decode(): unpack(v) for k, v in items(t.runs)},
+            runs={k.decode(): RUNS.unpack(v) for k, v in items(t.runs)},
             occurrences=occurrences,
             stats={k.decode(): unpack(v) for k, v in items(t.job_stats)},
             counts_asked={job_id: {k: v for k, v in records.job_stats(ctx, job_id).items() if k in COUNTS}

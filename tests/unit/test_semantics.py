@@ -8,7 +8,8 @@ import msgpack
 import pytest
 
 from schedulerd.timefmt import from_iso
-from storage import codec, keys
+from storage import keys
+from storage.layouts import RUNS
 from storage.model import JobState, RunState
 from storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
@@ -129,7 +130,7 @@ def test_a_run_claimed_without_its_own_deadline_uses_the_jobs(d: Driver) -> None
     d.create("a", {"kind": "at", "at_us": T0 + 10 * S}, starting_deadline_us=2 * S)
     (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["a", T0 + 10 * S]])["runs"]
     with d.store.env.begin(write=True) as txn:
-        run = codec.unpack(txn.get(keys.run_key(run_id), db=d.store.tables.runs))
+        run = RUNS.unpack(txn.get(keys.run_key(run_id), db=d.store.tables.runs))
         del run["starting_deadline_us"]
         txn.put(keys.run_key(run_id), msgpack.packb(run, use_bin_type=True), db=d.store.tables.runs)
     assert d.lease(T0 + 13 * S, run_ids=[run_id]) == []
