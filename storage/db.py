@@ -18,6 +18,7 @@ from typing import Iterator
 import lmdb
 
 from storage import bootmark, keys
+from storage.writeback import WritebackPacer
 
 log = logging.getLogger("schedulerd.store")
 
@@ -53,7 +54,9 @@ class Store:
     Reads and the swap take the lock; apply runs in the Raft tick thread, the
     same thread that restores and commits, so it never races the swap."""
 
-    def __init__(self, path: str, group: int, map_bytes: int) -> None:
+    def __init__(self, path: str, group: int, map_bytes: int, writeback_s: float = 0.0) -> None:
+        """writeback_s: while commits are not synced, start the kernel writing the data
+        file back this often (storage/writeback.py); 0 leaves it to the kernel."""
         self.path = path
         self.group = group
         self.map_bytes = map_bytes
@@ -61,6 +64,10 @@ class Store:
         self._applying: lmdb.Transaction | None = None
         self._boot = bootmark.current_boot()
         self.env, self.tables = self._open()
+        self._pacer: WritebackPacer | None = None
+        if writeback_s > 0 and self._boot is not None:
+            self._pacer = WritebackPacer(os.path.join(path, "data.mdb"), writeback_s)
+            self._pacer.start()
 
     def _discard(self) -> None:
         """The machine went down while this store had unsynced commits: it may be torn."""
@@ -129,6 +136,8 @@ class Store:
                 self.env, self.tables = self._open()
 
     def close(self) -> None:
+        if self._pacer is not None:
+            self._pacer.stop()
         self.abort_applied()
         with self._lock:
             self.env.sync(True)
