@@ -61,7 +61,7 @@ REDRIVE_CANCELLED_SINCE = PRUNE_PAST_DEAD_SINCE = 8
 #   and idempotency key; before, it fired with the resume's time.
 OVERDUE_RECORDED_SINCE = 9
 # Since 10 (2026-12-04): apply stores job and run records of the usual keys as arrays
-# (storage/layouts.py), ~40% of their bytes as maps. No rule changes; the gate keeps
+# (storage/layouts.py), in ~40% of the bytes their maps took. No rule changes; the gate keeps
 # every replica writing the same bytes for an entry, and keeps array records out of
 # any store an older build reads (snapshots included) until every voter reads them.
 ARRAY_RECORDS_SINCE = 10

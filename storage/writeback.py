@@ -3,7 +3,7 @@ reach the disk a little at a time instead of in one burst.
 
 Commits to the store are not synced (storage/bootmark.py). Their pages stay dirty in
 the page cache until the kernel's flusher takes them, by Linux's defaults once they are
-~30 s old (`vm.dirty_expire_centisecs`): at 10,000 jobs/s, 230–600 MB of a box's three
+~30 s old (`vm.dirty_expire_centisecs`): at 10,000 jobs/s, 0.6–1 GB of a box's three
 stores at once. Every journal fdatasync on that disk then queues behind the burst, and
 each node's commits stall together (docs/decisions.md, "The store's writeback is paced").
 
@@ -57,15 +57,34 @@ def start_writeback(path: str) -> bool:
         os.close(fd)
 
 
+def dirty_bytes() -> int | None:
+    """Bytes of the page cache waiting to be written back, box-wide (/proc/meminfo)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"Dirty:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 class WritebackPacer:
-    """Calls `start_writeback` on one file every `period_s`, from a daemon thread.
+    """Every `period_s`, from a daemon thread, calls `start_writeback` on one file if
+    the box holds at least `dirty_min` dirty bytes.
 
-    The file is opened afresh each time: a snapshot restore replaces it with another."""
+    Below that, what the kernel writes back at once is too little to stall anyone, and
+    pacing would only write the store's hot pages six times as often as the kernel's
+    30 s: at 300 jobs/s over a 1,000,000-job store that cost p99 lateness (docs/performance.md,
+    twenty-ninth round). The file is opened afresh each time: a snapshot restore
+    replaces it with another."""
 
-    def __init__(self, path: str, period_s: float) -> None:
+    def __init__(self, path: str, period_s: float, dirty_min: int) -> None:
         self.path = path
         self.period_s = period_s
-        self.rounds = 0
+        self.dirty_min = dirty_min
+        self.checks = 0
+        self.rounds = 0  # of writeback asked for
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store-writeback", daemon=True)
 
@@ -82,5 +101,8 @@ class WritebackPacer:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            start_writeback(self.path)
-            self.rounds += 1
+            self.checks += 1
+            dirty = dirty_bytes()
+            if dirty is None or dirty >= self.dirty_min:
+                start_writeback(self.path)
+                self.rounds += 1

@@ -43,12 +43,22 @@ def test_a_missing_file_is_not_an_error(tmp_path: pathlib.Path) -> None:
 
 def test_the_pacer_asks_every_period_until_stopped(tmp_path: pathlib.Path) -> None:
     (tmp_path / "data.mdb").write_bytes(b"x" * 4096)
-    pacer = writeback.WritebackPacer(str(tmp_path / "data.mdb"), 0.02)
+    pacer = writeback.WritebackPacer(str(tmp_path / "data.mdb"), 0.02, 0)
     pacer.start()
     wait_until(lambda: pacer.rounds >= 3, 10, "three rounds of the pacer")
     pacer.stop()
     stopped_at = pacer.rounds
     assert not pacer._thread.is_alive() and pacer.rounds == stopped_at
+
+
+def test_the_pacer_leaves_a_box_with_little_dirty_to_the_kernel(tmp_path: pathlib.Path) -> None:
+    """At a low rate, pacing would only write the store's hot pages more often."""
+    (tmp_path / "data.mdb").write_bytes(b"x" * 4096)
+    pacer = writeback.WritebackPacer(str(tmp_path / "data.mdb"), 0.02, 1 << 50)
+    pacer.start()
+    wait_until(lambda: pacer.checks >= 3, 10, "three checks of the pacer")
+    pacer.stop()
+    assert pacer.rounds == 0
 
 
 def test_a_store_paces_only_unsynced_commits(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,3 +80,8 @@ def test_a_writeback_period_out_of_range_is_refused(period: float) -> None:
     with pytest.raises(ValueError, match=r"lmdb_writeback_s must be 0 \(the kernel's own writeback\) or within 1..60"):
         RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", lmdb_writeback_s=period).validate()
     RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", lmdb_writeback_s=0).validate()
+
+
+def test_a_negative_dirty_threshold_is_refused() -> None:
+    with pytest.raises(ValueError, match="lmdb_writeback_dirty_min_bytes must be 0"):
+        RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", lmdb_writeback_dirty_min_bytes=-1).validate()
