@@ -65,16 +65,15 @@ class Layouts:
         alone costs a quarter of a full unpack (docs/performance.md, eleventh round).
         Every layout must hold those fields."""
         by_map = msgspec.msgpack.Decoder(fields)
-        wanted = set(fields.__struct_fields__)
+        names = fields.__struct_fields__
         parts = []
         for n, layout in enumerate(self.layouts):
-            last = max(layout.index(name) for name in wanted)
+            last = max(layout.index(name) for name in names)
             parts.append(msgspec.defstruct(
                 f"{fields.__name__}Layout{n}",
-                [(name, Any if name in wanted else msgspec.Raw) for name in layout[:last + 1]],
+                [(name, Any if name in names else msgspec.Raw) for name in layout[:last + 1]],
                 array_like=True, tag=n))
         by_array = msgspec.msgpack.Decoder(Union[tuple(parts)])  # type: ignore[valid-type]
-        names = fields.__struct_fields__
 
         def decode(raw: bytes) -> T:
             if raw[0] in _MAP_MARKERS:

@@ -18,8 +18,8 @@ import lmdb
 
 from storage import keys, ops
 from storage.codec import pack, unpack
-from storage.layouts import JOBS, RUNS
 from storage.db import Tables
+from storage.layouts import JOBS, RUNS
 from storage.model import PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING, TERMINAL_RUN_STATES
 
 Record = dict[str, Any]

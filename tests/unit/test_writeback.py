@@ -16,24 +16,16 @@ from tests.integration.harness import wait_until
 pytestmark = pytest.mark.skipif(writeback._sync_file_range is None, reason="no sync_file_range (not Linux)")
 
 
-def _meminfo_kb(field: str) -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
 def test_a_files_dirty_pages_are_written_back_when_asked(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "data.mdb"
-    before = _meminfo_kb("Dirty")
+    before = writeback.dirty_bytes()
     with open(path, "wb") as f:
         f.write(os.urandom(1 << 20) * 64)  # 64 MiB, not synced
-    dirtied = _meminfo_kb("Dirty")
-    if dirtied - before < 32 << 10:
+    dirtied = writeback.dirty_bytes()
+    if dirtied - before < 32 << 20:
         pytest.skip("this file system does not leave written pages dirty (tmpfs?)")
     assert writeback.start_writeback(str(path))
-    wait_until(lambda: _meminfo_kb("Dirty") < dirtied - (32 << 10), 20, "the file's pages to be written back")
+    wait_until(lambda: writeback.dirty_bytes() < dirtied - (32 << 20), 20, "the file's pages to be written back")
 
 
 def test_a_missing_file_is_not_an_error(tmp_path: pathlib.Path) -> None:
