@@ -37,6 +37,12 @@ _TRAILER = struct.Struct(">8sQI")
 _TRAILER_MAGIC = b"SNAPEND1"
 _BLOCK = 1 << 20
 _SYNC_EVERY = 16 << 20
+# A paced copy is written this much at a time. A journal fdatasync that lands while a
+# copy's write is in the disk's queue waits for all of it: with a 259 MiB copy at
+# 100 MiB/s, a probe's fdatasync p99 was 0.86-2.55 ms in 1 MiB writes, 0.56-1.01 ms in
+# 256 KiB ones; 64 KiB ones did no better and cost a fifth more CPU
+# (bench.snapshot_cost; docs/performance.md, thirtieth round).
+_WRITE_PIECE = 256 << 10
 # O_DIRECT needs offsets, sizes and buffers in multiples of the device's block size.
 _ALIGN = 4096
 LMDB_FILE = "data.mdb"
@@ -114,22 +120,25 @@ def _copy_through_pipe(env: lmdb.Environment, fd: int, offset: int, bytes_per_s:
     block = memoryview(mmap.mmap(-1, _BLOCK))  # page-aligned, as O_DIRECT needs
     length = crc = unsynced = 0
     direct = _try_direct(fd, True)
+    piece_bytes = _WRITE_PIECE if bytes_per_s else _BLOCK
     started = time.monotonic()
     try:
         while got := _fill(read_fd, block):
             crc = zlib.crc32(block[:got], crc)
             if direct and got % _ALIGN:
                 direct = _try_direct(fd, False)  # a tail O_DIRECT cannot write (LMDB's copy is whole pages)
-            pwrite_all(fd, block[:got], offset + length)
-            length += got
-            unsynced += got
-            if not direct and unsynced >= _SYNC_EVERY:
-                os.fdatasync(fd)
-                unsynced = 0
-            if bytes_per_s:
-                ahead_s = length / bytes_per_s - (time.monotonic() - started)
-                if ahead_s > 0:
-                    time.sleep(ahead_s)
+            for start in range(0, got, piece_bytes):
+                piece = block[start:min(got, start + piece_bytes)]
+                pwrite_all(fd, piece, offset + length)
+                length += len(piece)
+                unsynced += len(piece)
+                if not direct and unsynced >= _SYNC_EVERY:
+                    os.fdatasync(fd)
+                    unsynced = 0
+                if bytes_per_s:
+                    ahead_s = length / bytes_per_s - (time.monotonic() - started)
+                    if ahead_s > 0:
+                        time.sleep(ahead_s)
     finally:
         os.close(read_fd)  # a copy still writing gets EPIPE and stops
         copier.join()

@@ -144,6 +144,23 @@ def test_a_paced_copy_takes_as_long_as_its_rate_says(tmp_path: pathlib.Path) -> 
     d.store.close()
 
 
+def test_a_paced_copy_is_written_in_small_pieces_and_reads_back_the_same(tmp_path: pathlib.Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A journal fdatasync waits for the copy's write in the disk's queue: a paced copy
+    keeps each write to _WRITE_PIECE bytes, and still writes the bytes an unpaced one does."""
+    d = filled_store(tmp_path)
+    unpaced, paced = tmp_path / "unpaced.snapshot", tmp_path / "paced.snapshot"
+    snapshot.write(d.store, str(unpaced), ENTRIES)
+    writes: list[int] = []
+    real_pwrite_all = snapshot.pwrite_all
+    monkeypatch.setattr(snapshot, "pwrite_all", lambda fd, data, at: (writes.append(len(data)),
+                                                                       real_pwrite_all(fd, data, at)))
+    snapshot.write(d.store, str(paced), ENTRIES, bytes_per_s=1 << 40)
+    assert len(writes) > 2 and max(writes) == snapshot._WRITE_PIECE, writes
+    assert paced.read_bytes() == unpaced.read_bytes()
+    d.store.close()
+
+
 def test_the_header_pads_to_a_block_whatever_its_size() -> None:
     for size in range(0, 9000, 7):
         prefix = snapshot._aligned_prefix({"last": [b"x" * size, 5, 2], "prev": [b"\x01", 4, 2], "last_applied": 5})
