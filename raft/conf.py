@@ -71,8 +71,11 @@ class RaftConfig:
     # more: LMDB rewrites its hot pages every commit, and each round writes them again.
     # At 10,000 jobs/s, 5 s wrote 1.34x the bytes of the kernel's 30 s.
     lmdb_writeback_s: float = 5.0
-    # ... but only while the box holds this many dirty bytes: below it the kernel's own
-    # writeback is too small to stall a fsync, and pacing costs low rates their p99.
+    # ... but only in a round after the store's file gained this many dirty bytes (read
+    # with cachestat, Linux >= 6.5): below it the kernel's own writeback is too small to
+    # stall a fsync, and pacing costs low rates their p99.
+    lmdb_writeback_growth_min_bytes: int = 16 << 20
+    # Where the kernel cannot tell a file's dirty bytes: only while the box holds this many.
     lmdb_writeback_dirty_min_bytes: int = 64 << 20
     # Shared cluster secret: pysyncobj derives a Fernet key (AES + HMAC) from it and
     # every Raft message is encrypted and authenticated. None: plain pickle (loopback only).
@@ -98,6 +101,8 @@ class RaftConfig:
             raise ValueError("snapshot_write_bytes_per_s must be 0 (unpaced) or at least 1 MiB/s")
         if self.lmdb_writeback_s != 0 and not 1 <= self.lmdb_writeback_s <= 60:
             raise ValueError("lmdb_writeback_s must be 0 (the kernel's own writeback) or within 1..60 seconds")
+        if self.lmdb_writeback_growth_min_bytes < 0:
+            raise ValueError("lmdb_writeback_growth_min_bytes must be 0 (every round) or more")
         if self.lmdb_writeback_dirty_min_bytes < 0:
             raise ValueError("lmdb_writeback_dirty_min_bytes must be 0 (always) or more")
         if self.compaction_entries_min < 10:

@@ -228,7 +228,7 @@ class Group:
         os.makedirs(conf.data_dir, exist_ok=True)
         base = os.path.join(conf.data_dir, f"group-{group_id}")
         self.store = Store(base + ".lmdb", group_id, conf.lmdb_map_bytes, conf.lmdb_writeback_s,
-                           conf.lmdb_writeback_dirty_min_bytes)
+                           conf.lmdb_writeback_growth_min_bytes, conf.lmdb_writeback_dirty_min_bytes)
         self.self_addr, self.peers = conf.node_addrs(group_id)
         journal_path = base + ".journal"
         # Entries the snapshot covers are skipped as the journal loads (raft/journal.py).

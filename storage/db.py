@@ -55,10 +55,11 @@ class Store:
     same thread that restores and commits, so it never races the swap."""
 
     def __init__(self, path: str, group: int, map_bytes: int, writeback_s: float = 0.0,
-                 writeback_dirty_min: int = 0) -> None:
+                 writeback_growth_min: int = 0, writeback_dirty_min: int = 0) -> None:
         """writeback_s: while commits are not synced, start the kernel writing the data
-        file back this often when the box holds writeback_dirty_min dirty bytes or more
-        (storage/writeback.py); 0 leaves it to the kernel."""
+        file back this often, in rounds after the file gained writeback_growth_min dirty
+        bytes (or, where that cannot be read, while the box holds writeback_dirty_min;
+        storage/writeback.py); 0 leaves it to the kernel."""
         self.path = path
         self.group = group
         self.map_bytes = map_bytes
@@ -68,7 +69,8 @@ class Store:
         self.env, self.tables = self._open()
         self._pacer: WritebackPacer | None = None
         if writeback_s > 0 and self._boot is not None:
-            self._pacer = WritebackPacer(os.path.join(path, "data.mdb"), writeback_s, writeback_dirty_min)
+            self._pacer = WritebackPacer(os.path.join(path, "data.mdb"), writeback_s, writeback_growth_min,
+                                         writeback_dirty_min)
             self._pacer.start()
 
     def _discard(self) -> None:

@@ -38,6 +38,31 @@ def _load() -> Callable[[int, int, int, int], int] | None:
 _sync_file_range = _load()
 
 
+class _CacheRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in
+                ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+_CACHESTAT = 451  # the same number on every Linux architecture (Linux >= 6.5)
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _load_syscall() -> Callable[..., int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syscall
+    except (AttributeError, OSError):
+        return None
+    fn.restype = ctypes.c_long
+    return fn
+
+
+_syscall = _load_syscall()
+
+
 def start_writeback(path: str) -> bool:
     """Ask the kernel to start writing back every dirty page of the file at `path`.
     False if there is no such file (a snapshot restore is replacing it) or no such call."""
@@ -69,20 +94,42 @@ def dirty_bytes() -> int | None:
     return None
 
 
+def file_dirty_bytes(path: str) -> int | None:
+    """Bytes of the file at `path` dirty in the page cache (cachestat(2), Linux >= 6.5);
+    None where the kernel cannot say, or there is no such file."""
+    if _syscall is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        stat = _CacheStat()
+        if _syscall(_CACHESTAT, fd, ctypes.byref(_CacheRange(0, 0)), ctypes.byref(stat), 0) != 0:
+            return None
+        return stat.nr_dirty * _PAGE_BYTES
+    finally:
+        os.close(fd)
+
+
 class WritebackPacer:
-    """Every `period_s`, from a daemon thread, calls `start_writeback` on one file if
-    the box holds at least `dirty_min` dirty bytes.
+    """Every `period_s`, from a daemon thread, calls `start_writeback` on one file when
+    it dirtied `growth_min` bytes or more since the last round; where the kernel cannot
+    tell a file's dirty bytes, when the box holds `dirty_min` or more.
 
-    Below that, what the kernel writes back at once is too little to stall anyone, and
-    pacing would only write the store's hot pages six times as often as the kernel's
-    30 s: at 300 jobs/s over a 1,000,000-job store, paced regardless, one side-by-side
-    run's p99 was 1.50x the small store's, against 1.18x unpaced (docs/performance.md,
-    twenty-ninth round). The file is opened afresh each time: a snapshot restore
-    replaces it with another."""
+    The file's own growth tells the rates apart. At 10,000 jobs/s each node's store
+    dirtied 50-70 MB per 5 s, and the kernel's burst every 30 s stalled the journals. At
+    300 jobs/s over a 1,000,000-job store it dirtied ~2 MB per 5 s: the kernel's burst is
+    small, and pacing would only write the hot pages six times as often. Paced regardless,
+    that run's p99 was 1.50x the small store's (docs/performance.md, twenty-ninth round);
+    gated by the box's dirty total, which two clusters' stores pushed past 64 MiB at
+    300 jobs/s, 1.19-1.23x in three runs (thirtieth round). The file is opened afresh
+    each time: a snapshot restore replaces it with another."""
 
-    def __init__(self, path: str, period_s: float, dirty_min: int) -> None:
+    def __init__(self, path: str, period_s: float, growth_min: int, dirty_min: int) -> None:
         self.path = path
         self.period_s = period_s
+        self.growth_min = growth_min
         self.dirty_min = dirty_min
         self.checks = 0
         self.rounds = 0  # of writeback asked for
@@ -101,9 +148,20 @@ class WritebackPacer:
             self._thread.join()
 
     def _run(self) -> None:
+        # Read after each round's call, when the pages it started are no longer dirty: the
+        # next reading's excess is what commits dirtied since. A flush by the kernel in
+        # between reads as no growth, and the round is skipped.
+        last = file_dirty_bytes(self.path)
         while not self._stop.wait(self.period_s):
             self.checks += 1
-            dirty = dirty_bytes()
-            if dirty is None or dirty >= self.dirty_min:
+            if self._due(last):
                 start_writeback(self.path)
                 self.rounds += 1
+            last = file_dirty_bytes(self.path)
+
+    def _due(self, last: int | None) -> bool:
+        now = file_dirty_bytes(self.path)
+        if now is not None and last is not None:
+            return now - last >= self.growth_min
+        dirty = dirty_bytes()
+        return dirty is None or dirty >= self.dirty_min

@@ -1,8 +1,9 @@
 """The store's writeback pacer (storage/writeback.py): it gets a file's dirty pages
-written without waiting for the kernel's 30 s, it keeps going on its period, and it runs
-only where commits are not synced."""
+written without waiting for the kernel's 30 s, it keeps going on its period, it paces
+only a file that dirties fast, and it runs only where commits are not synced."""
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
 
@@ -33,9 +34,25 @@ def test_a_missing_file_is_not_an_error(tmp_path: pathlib.Path) -> None:
     assert writeback.start_writeback(str(tmp_path / "gone.mdb")) is False
 
 
+def test_a_files_own_dirty_bytes_are_read(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "data.mdb"
+    with open(path, "wb") as f:
+        f.write(os.urandom(1 << 20) * 8)
+        if writeback.file_dirty_bytes(str(path)) is None:
+            pytest.skip("no cachestat(2) here (Linux < 6.5)")
+        dirty = writeback.file_dirty_bytes(str(path))
+        if dirty == 0:
+            pytest.skip("this file system does not leave written pages dirty (tmpfs?)")
+        assert dirty >= 7 << 20
+        f.flush()
+        os.fsync(f.fileno())
+    assert writeback.file_dirty_bytes(str(path)) == 0
+    assert writeback.file_dirty_bytes(str(tmp_path / "gone.mdb")) is None
+
+
 def test_the_pacer_asks_every_period_until_stopped(tmp_path: pathlib.Path) -> None:
     (tmp_path / "data.mdb").write_bytes(b"x" * 4096)
-    pacer = writeback.WritebackPacer(str(tmp_path / "data.mdb"), 0.02, 0)
+    pacer = writeback.WritebackPacer(str(tmp_path / "data.mdb"), 0.02, 0, 0)
     pacer.start()
     wait_until(lambda: pacer.rounds >= 3, 10, "three rounds of the pacer")
     pacer.stop()
@@ -43,14 +60,37 @@ def test_the_pacer_asks_every_period_until_stopped(tmp_path: pathlib.Path) -> No
     assert not pacer._thread.is_alive() and pacer.rounds == stopped_at
 
 
-def test_the_pacer_leaves_a_box_with_little_dirty_to_the_kernel(tmp_path: pathlib.Path) -> None:
-    """At a low rate, pacing would only write the store's hot pages more often."""
-    (tmp_path / "data.mdb").write_bytes(b"x" * 4096)
-    pacer = writeback.WritebackPacer(str(tmp_path / "data.mdb"), 0.02, 1 << 50)
+def _run_rounds(pacer: writeback.WritebackPacer, rounds: int) -> None:
     pacer.start()
-    wait_until(lambda: pacer.checks >= 3, 10, "three checks of the pacer")
+    wait_until(lambda: pacer.checks >= rounds, 10, f"{rounds} checks of the pacer")
     pacer.stop()
-    assert pacer.rounds == 0
+
+
+def test_the_pacer_paces_only_rounds_in_which_the_file_dirtied_enough(tmp_path: pathlib.Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a low rate, pacing would only write the store's hot pages more often. Readings
+    alternate: before a round's decision, then after its call."""
+    mib = 1 << 20
+    readings = iter([0, 20 * mib, 0, 5 * mib, 5 * mib, 30 * mib, 0, 2 * mib])
+    monkeypatch.setattr(writeback, "file_dirty_bytes", lambda path: next(readings, 0))
+    monkeypatch.setattr(writeback, "dirty_bytes", lambda: pytest.fail("the box's total is only a fallback"))
+    asked: list[int] = []
+    monkeypatch.setattr(writeback, "start_writeback", lambda path: asked.append(1) or True)
+    pacer = writeback.WritebackPacer(str(tmp_path / "data.mdb"), 0.01, 16 * mib, 64 * mib)
+    _run_rounds(pacer, 4)
+    # grew 20 MiB: paced; 5: not; 25 (from 5 to 30): paced; 2: not
+    assert pacer.checks >= 4 and pacer.rounds == 2 and len(asked) == 2
+
+
+def test_where_a_files_dirty_bytes_are_unknown_the_pacer_reads_the_boxs(tmp_path: pathlib.Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "data.mdb").write_bytes(b"x" * 4096)
+    monkeypatch.setattr(writeback, "file_dirty_bytes", lambda path: None)
+    box = itertools.cycle([1 << 20, 100 << 20])
+    monkeypatch.setattr(writeback, "dirty_bytes", lambda: next(box))
+    pacer = writeback.WritebackPacer(str(tmp_path / "data.mdb"), 0.01, 16 << 20, 64 << 20)
+    _run_rounds(pacer, 4)
+    assert pacer.rounds == pacer.checks // 2
 
 
 def test_a_store_paces_only_unsynced_commits(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,6 +114,7 @@ def test_a_writeback_period_out_of_range_is_refused(period: float) -> None:
     RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", lmdb_writeback_s=0).validate()
 
 
-def test_a_negative_dirty_threshold_is_refused() -> None:
-    with pytest.raises(ValueError, match="lmdb_writeback_dirty_min_bytes must be 0"):
-        RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", lmdb_writeback_dirty_min_bytes=-1).validate()
+@pytest.mark.parametrize("field", ["lmdb_writeback_growth_min_bytes", "lmdb_writeback_dirty_min_bytes"])
+def test_a_negative_dirty_threshold_is_refused(field: str) -> None:
+    with pytest.raises(ValueError, match=f"{field} must be 0"):
+        RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", **{field: -1}).validate()
