@@ -1,7 +1,8 @@
 """A timeline of the box while a bench runs beside it: every --step-s, the box's busy
 cores, each schedulerd node's two busiest threads (under load, its Raft tick thread and
-its event loop), the bench's worker processes and the bench process itself, and the disk: bytes
-written per second, and the page cache's dirty and under-writeback bytes.
+its event loop) and its stores' dirty bytes (where cachestat(2) can say), the bench's
+worker processes and the bench process itself, and the disk: bytes written per second,
+and the page cache's dirty and under-writeback bytes.
 
     python -m bench.timeline SECONDS [--step-s 2] [--disk vda]
 
@@ -11,10 +12,13 @@ nodes' LMDB files at once (docs/performance.md, twenty-eighth round)."""
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 import time
 from dataclasses import dataclass
+
+from storage.writeback import file_dirty_bytes
 
 HZ = os.sysconf("SC_CLK_TCK")
 ROLES = (("schedulerd.main", "node"), ("bench.sdworker", "workers"), ("-m bench ", "bench"))
@@ -28,24 +32,34 @@ class Sample:
     total: int
     roles: dict[int, str]
     threads: dict[int, dict[str, int]]  # pid -> thread id -> CPU jiffies
+    stores: dict[int, int | None]  # node pid -> dirty bytes of its LMDB files (None: unknown)
     sectors_written: int
     dirty_kb: int
     writeback_kb: int
 
 
-def _roles() -> dict[int, str]:
-    out = {}
+def _roles() -> tuple[dict[int, str], dict[int, str]]:
+    """Each process of interest's role, and each node's data dir."""
+    roles, data_dirs = {}, {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                args = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
+        cmd = " ".join(args)
         for needle, role in ROLES:
             if needle in cmd:
-                out[int(pid)] = role
+                roles[int(pid)] = role
+                if role == "node" and "--data-dir" in args[:-1]:
+                    data_dirs[int(pid)] = args[args.index("--data-dir") + 1]
                 break
-    return out
+    return roles, data_dirs
+
+
+def _store_dirty(data_dir: str) -> int | None:
+    readings = [file_dirty_bytes(path) for path in glob.glob(os.path.join(data_dir, "group-*.lmdb", "data.mdb"))]
+    return None if not readings or None in readings else sum(r for r in readings if r is not None)
 
 
 def _threads(pid: int) -> dict[str, int]:
@@ -73,12 +87,12 @@ def _disk(device: str) -> tuple[int, int, int]:
 
 
 def sample(device: str) -> Sample:
-    roles = _roles()
+    roles, data_dirs = _roles()
     with open("/proc/stat") as f:
         cpu = [int(x) for x in f.readline().split()[1:]]
     total = sum(cpu)
     return Sample(time.time(), total - cpu[3] - cpu[4], total, roles, {pid: _threads(pid) for pid in roles},
-                  *_disk(device))
+                  {pid: _store_dirty(d) for pid, d in data_dirs.items()}, *_disk(device))
 
 
 def line(a: Sample, b: Sample) -> str:
@@ -97,6 +111,8 @@ def line(a: Sample, b: Sample) -> str:
         per_thread = sorted((used(pid, tid) for tid in b.threads[pid]), reverse=True)
         if role == "node":
             parts.append("node " + "/".join(f"{c:.2f}" for c in per_thread[:2]))
+            if b.stores.get(pid) is not None:
+                parts.append(f"store {b.stores[pid] >> 20} MB")
         else:
             others[role] = others.get(role, 0.0) + sum(per_thread)
     parts += [f"{role} {c:.2f}" for role, c in sorted(others.items())]
@@ -113,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disk", default="vda", help="the block device the run dirs are on (/proc/diskstats name)")
     a = p.parse_args(argv)
     print("node a/b: CPU cores of its two busiest threads (under load, the Raft tick thread, then the "
-          "event loop); workers, bench: CPU cores of those processes")
+          "event loop), store: its LMDB files' dirty bytes; workers, bench: CPU cores of those processes")
     end = time.time() + a.seconds
     before = sample(a.disk)
     while time.time() < end:

@@ -17,6 +17,12 @@ class NodeConfig:
     limits: Limits = field(default_factory=Limits)
     # Lease granted to a worker per delivery; heartbeats extend it by the same.
     lease_s: float = 30.0
+    # A poll served by a follower asks to lease only runs ready at least this long. A
+    # newly ready run is leased first by the leader's own polls, a commit closer; a
+    # follower asking at once raced them, and at 300 jobs/s 39% of LEASE_READY entries,
+    # each fsynced by every node, leased nothing (docs/performance.md, thirtieth round).
+    # Runs that wait longer (no poll free on the leader, a backlog) are asked for as before.
+    follower_lease_defer_s: float = 0.02
     # How often the group leader scans the due index and the lease-expiry index.
     scan_interval_s: float = 0.1
     # Claim occurrences this far ahead of their time, so the run is already in the
@@ -40,6 +46,8 @@ class NodeConfig:
         self.limits.validate()
         if not 1.0 <= self.lease_s <= 3600:
             raise ValueError("lease_s must be within 1..3600 seconds")
+        if not 0 <= self.follower_lease_defer_s <= 1:
+            raise ValueError("follower_lease_defer_s must be within 0..1 seconds")
         if not 0 < self.misfire_grace_s <= 3600:
             raise ValueError("misfire_grace_s must be more than 0 and at most 3600 seconds")
         if not 0.01 <= self.scan_interval_s <= 5:

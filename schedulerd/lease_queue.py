@@ -4,7 +4,9 @@ ready, then leases them through one committed LEASE_READY entry.
 Any node can serve a poll. The entry names the worker, its queues and how many
 runs it wants; apply picks the runs from the ready index (storage/leases.py), so
 entries from several nodes never name the same run and a follower's replica,
-a moment behind, only decides whether to ask, never what to take."""
+a moment behind, only decides whether to ask, never what to take. A follower asks
+only for runs ready `follower_lease_defer_s` or longer: a run that just became ready is
+the leader's polls' to take, and an entry racing them would lease nothing."""
 from __future__ import annotations
 
 import asyncio
@@ -57,17 +59,22 @@ class LeaseQueue:
             self.waiters -= 1
 
     def _until_next_ready(self, queues: list[str]) -> float:
-        """Seconds until the earliest run of these queues becomes available (a retry
-        backoff ending or a run claimed ahead of its time); no apply signals that."""
+        """Seconds until this node would ask for the earliest run of these queues (a retry
+        backoff ending, a run claimed ahead of its time, a follower's defer ending); no
+        apply signals that."""
         best = float("inf")
         for group in self.node.groups:
-            # Time as the leader will stamp the lease entry (lease_time.py), not as this node's clock says.
-            now = group.clocks.cluster_now_us()
             with self.node.read(group) as (txn, tables):
                 at = queries.next_ready_us(txn, tables, queues)
             if at is not None:
-                best = min(best, max(0.0, (at - now) / US))
+                best = min(best, max(0.0, (at - self._asks_before_us(group)) / US))
         return best + 0.001 if best != float("inf") else 3600.0
+
+    def _asks_before_us(self, group: Group) -> int:
+        """This node asks to lease runs available before this time: now, as the leader
+        will stamp the lease entry (lease_time.py), less a follower's defer."""
+        now = group.clocks.cluster_now_us()
+        return now if group.is_leader() else now - int(self.node.config.follower_lease_defer_s * US)
 
     async def _lease_once(self, worker_id: str, queues: list[str], max_tasks: int) -> list[views.TaskView]:
         tasks: list[views.TaskView] = []
@@ -80,7 +87,7 @@ class LeaseQueue:
 
     async def _lease_from(self, group: Group, worker_id: str, queues: list[str], want: int) -> list[views.TaskView]:
         with self.node.read(group) as (txn, tables):
-            if not queries.ready(txn, tables, queues, group.clocks.cluster_now_us(), 1):
+            if not queries.ready(txn, tables, queues, self._asks_before_us(group), 1):
                 return []  # nothing to ask for as far as this replica knows
         ((_, granted),) = await self._grants.submit(group, [[worker_id, queues, want]])
         self.leased += len(granted)

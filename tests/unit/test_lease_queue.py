@@ -1,0 +1,102 @@
+"""schedulerd/lease_queue.py: which polls ask to lease a ready run, and when. A poll
+on a follower leaves a newly ready run to the leader's polls for follower_lease_defer_s."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+from typing import Any, Iterator
+
+import pytest
+
+from raft.conf import RaftConfig
+from schedulerd.config import NodeConfig
+from schedulerd.lease_queue import LeaseQueue
+from storage.ops import Op
+from tests.unit.fsm_driver import S, T0, Driver
+
+DEFER_S = 0.02
+
+
+class FakeClocks:
+    def __init__(self) -> None:
+        self.now_us = T0
+
+    def cluster_now_us(self) -> int:
+        return self.now_us
+
+
+class FakeGroup:
+    group_id = 0
+
+    def __init__(self, driver: Driver, leader: bool) -> None:
+        self.store = driver.store
+        self.clocks = FakeClocks()
+        self.leader = leader
+
+    def is_leader(self) -> bool:
+        return self.leader
+
+
+class FakeNode:
+    """What LeaseQueue uses of a node: its config, clock, groups, reads and proposals (recorded)."""
+
+    def __init__(self, group: FakeGroup) -> None:
+        self.config = NodeConfig(raft=RaftConfig(self_addr="127.0.0.1:7000"), follower_lease_defer_s=DEFER_S)
+        self.groups = [group]
+        self.proposed: list[dict[str, Any]] = []
+
+    def now_us(self) -> int:
+        return self.groups[0].clocks.now_us
+
+    @contextlib.contextmanager
+    def read(self, group: FakeGroup) -> Iterator[tuple[Any, Any]]:
+        with group.store.read() as txn:
+            yield txn, group.store.tables
+
+    async def propose(self, group: FakeGroup, op: Op, payload: dict[str, Any]) -> dict[str, Any]:
+        assert op == Op.LEASE_READY
+        self.proposed.append(payload)
+        return {"grants": [[worker, []] for worker, _, _ in payload["grants"]]}
+
+
+@pytest.fixture
+def ready_run(tmp_path: pathlib.Path) -> Driver:
+    """A store holding one run of queue q, available at T0."""
+    d = Driver(str(tmp_path / "store"))
+    d.create("j1", {"kind": "at", "at_us": T0}, now=T0 - 5 * S)
+    assert d.claim_due(T0) and d.ready(T0) and not d.ready(T0 - 1)
+    return d
+
+
+def _asks(driver: Driver, leader: bool, now_us: int) -> bool:
+    group = FakeGroup(driver, leader)
+    group.clocks.now_us = now_us
+    node = FakeNode(group)
+    asyncio.run(LeaseQueue(node)._lease_once("w1", ["q"], 10))  # type: ignore[arg-type]
+    return bool(node.proposed)
+
+
+def test_the_leader_asks_for_a_run_as_soon_as_it_is_ready(ready_run: Driver) -> None:
+    assert not _asks(ready_run, leader=True, now_us=T0 - 1)
+    assert _asks(ready_run, leader=True, now_us=T0)
+
+
+def test_a_follower_asks_for_a_run_once_it_has_been_ready_the_defer(ready_run: Driver) -> None:
+    defer_us = int(DEFER_S * S)
+    assert not _asks(ready_run, leader=False, now_us=T0)
+    assert not _asks(ready_run, leader=False, now_us=T0 + defer_us - 1)
+    assert _asks(ready_run, leader=False, now_us=T0 + defer_us)
+
+
+def test_a_follower_poll_wakes_when_its_defer_ends(ready_run: Driver) -> None:
+    for leader, wakes_in_s in ((True, 0.0), (False, DEFER_S)):
+        group = FakeGroup(ready_run, leader)
+        queue = LeaseQueue(FakeNode(group))  # type: ignore[arg-type]
+        assert queue._until_next_ready(["q"]) == pytest.approx(wakes_in_s + 0.001)
+
+
+@pytest.mark.parametrize("defer", [-0.01, 1.5])
+def test_a_defer_out_of_range_is_refused(defer: float) -> None:
+    with pytest.raises(ValueError, match=r"follower_lease_defer_s must be within 0..1 seconds"):
+        NodeConfig(raft=RaftConfig(self_addr="127.0.0.1:7000"), follower_lease_defer_s=defer).validate()
