@@ -14,11 +14,12 @@ journal is what makes an entry durable. It runs in a thread of its own because t
 call can still block while the device's queue is full."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 log = logging.getLogger("schedulerd.store")
 
@@ -63,23 +64,34 @@ def _load_syscall() -> Callable[..., int] | None:
 _syscall = _load_syscall()
 
 
-def start_writeback(path: str) -> bool:
-    """Ask the kernel to start writing back every dirty page of the file at `path`.
-    False if there is no such file (a snapshot restore is replacing it) or no such call."""
-    if _sync_file_range is None:
-        return False
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[int | None]:
+    """The file at `path` opened read-only, or None while there is none (a snapshot
+    restore is replacing it)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return False
+        yield None
+        return
     try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def start_writeback(path: str) -> bool:
+    """Ask the kernel to start writing back every dirty page of the file at `path`.
+    False if there is no such file or no such call."""
+    if _sync_file_range is None:
+        return False
+    with _opened(path) as fd:
+        if fd is None:
+            return False
         if _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) != 0:
             err = ctypes.get_errno()
             log.warning("store_writeback_failed path=%s error=%s", path, os.strerror(err))
             return False
         return True
-    finally:
-        os.close(fd)
 
 
 def dirty_bytes() -> int | None:
@@ -99,17 +111,11 @@ def file_dirty_bytes(path: str) -> int | None:
     None where the kernel cannot say, or there is no such file."""
     if _syscall is None:
         return None
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
+    with _opened(path) as fd:
         stat = _CacheStat()
-        if _syscall(_CACHESTAT, fd, ctypes.byref(_CacheRange(0, 0)), ctypes.byref(stat), 0) != 0:
+        if fd is None or _syscall(_CACHESTAT, fd, ctypes.byref(_CacheRange(0, 0)), ctypes.byref(stat), 0) != 0:
             return None
         return stat.nr_dirty * _PAGE_BYTES
-    finally:
-        os.close(fd)
 
 
 class WritebackPacer:
