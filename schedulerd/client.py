@@ -441,6 +441,10 @@ class Client:
             for index in self._round():
                 server = self._servers[index]
                 read_s = min(attempt_s, deadline - time.monotonic())
+                if read_s <= 0:
+                    # The pause overslept the deadline (a loaded box), and a socket refuses a
+                    # timeout of 0 or less. Not on a first attempt: timeout_s > 0, so `last` is set.
+                    raise _give_up(last, unreachable)
                 try:
                     response = self._send(server, method, target, data, read_s, headers)
                 except _TransportError as exc:

@@ -10,6 +10,7 @@ from typing import Iterator
 
 import pytest
 
+from schedulerd import client as client_module
 from schedulerd.client import Client
 from schedulerd.errors import (
     Conflict,
@@ -89,6 +90,24 @@ def test_a_503_until_the_deadline_raises_unavailable(one):
     with pytest.raises(Unavailable, match="no leader"):
         Client(server.url, timeout_s=0.3).health()
     assert time.monotonic() - started < 1.0
+
+
+class _OversleepingTime:
+    """The client's clock, with a sleep that overshoots as on a loaded box."""
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(seconds + 0.4)
+
+
+def test_a_pause_that_oversleeps_the_deadline_gives_up_as_unavailable(one, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No attempt is made with no time left (a socket refuses a timeout of 0 or less)."""
+    cluster, server = one
+    cluster.fail_next("GET", "/healthz", UNAVAILABLE, times=1000)
+    monkeypatch.setattr(client_module, "time", _OversleepingTime)
+    with pytest.raises(Unavailable, match="no leader"):
+        Client(server.url, timeout_s=0.3).health()
 
 
 def test_no_reachable_server_names_every_url():
