@@ -435,7 +435,7 @@ class Client:
         deadline = time.monotonic() + self.timeout_s + wait_s
         unreachable: dict[str, str] = {}
         backoff_s = BACKOFF_S_MIN
-        last: Exception
+        last: Exception = Unavailable("no attempt was made before the deadline")
         while True:
             retry_after_s = 0.0
             for index in self._round():
@@ -443,7 +443,7 @@ class Client:
                 read_s = min(attempt_s, deadline - time.monotonic())
                 if read_s <= 0:
                     # The pause overslept the deadline (a loaded box), and a socket refuses a
-                    # timeout of 0 or less. Not on a first attempt: timeout_s > 0, so `last` is set.
+                    # timeout of 0 or less.
                     raise _give_up(last, unreachable)
                 try:
                     response = self._send(server, method, target, data, read_s, headers)
