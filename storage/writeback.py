@@ -19,24 +19,28 @@ import ctypes
 import logging
 import os
 import threading
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger("schedulerd.store")
 
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>
 
 
-def _load() -> Callable[[int, int, int, int], int] | None:
+def _libc(name: str, argtypes: list[Any] | None, restype: Any) -> Callable[..., int] | None:
+    """A C library function, or None where there is none (not Linux)."""
     try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (AttributeError, OSError):
-        return None  # not Linux
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
+        return None
+    if argtypes is not None:
+        fn.argtypes = argtypes
+    fn.restype = restype
     return fn
 
 
-_sync_file_range = _load()
+_sync_file_range = _libc("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint],
+                         ctypes.c_int)
+_syscall = _libc("syscall", None, ctypes.c_long)
 
 
 class _CacheRange(ctypes.Structure):
@@ -49,19 +53,7 @@ class _CacheStat(ctypes.Structure):
 
 
 _CACHESTAT = 451  # the same number on every Linux architecture (Linux >= 6.5)
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _load_syscall() -> Callable[..., int] | None:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).syscall
-    except (AttributeError, OSError):
-        return None
-    fn.restype = ctypes.c_long
-    return fn
-
-
-_syscall = _load_syscall()
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 @contextlib.contextmanager
@@ -132,7 +124,8 @@ class WritebackPacer:
     too: two clusters at 300 jobs/s held 55-177 MB between them and paced each other.
     Neither gate measurably changed the scale ratio (box total: 1.19-1.23x in three
     runs; file growth: 1.27x in one; thirtieth round); the box's total stays as the
-    fallback where cachestat(2) is missing. The file is opened afresh each time: a snapshot restore replaces it."""
+    fallback where cachestat(2) is missing. The file is opened afresh each time: a
+    snapshot restore replaces it."""
 
     def __init__(self, path: str, period_s: float, growth_min: int, dirty_min: int) -> None:
         self.path = path
@@ -156,19 +149,20 @@ class WritebackPacer:
             self._thread.join()
 
     def _run(self) -> None:
-        # Read after each round's call, when the pages it started are no longer dirty: the
-        # next reading's excess is what commits dirtied since. A flush by the kernel in
+        # After a round's call, read again, once the pages it started are no longer dirty:
+        # the next reading's excess is what commits dirtied since. A flush by the kernel in
         # between reads as no growth, and the round is skipped.
         last = file_dirty_bytes(self.path)
         while not self._stop.wait(self.period_s):
             self.checks += 1
-            if self._due(last):
+            now = file_dirty_bytes(self.path)
+            if self._due(now, last):
                 start_writeback(self.path)
                 self.rounds += 1
-            last = file_dirty_bytes(self.path)
+                now = file_dirty_bytes(self.path)
+            last = now
 
-    def _due(self, last: int | None) -> bool:
-        now = file_dirty_bytes(self.path)
+    def _due(self, now: int | None, last: int | None) -> bool:
         if now is not None and last is not None:
             return now - last >= self.growth_min
         dirty = dirty_bytes()
