@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from storage.writeback import file_dirty_bytes
+
 pytestmark = pytest.mark.integration
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -94,6 +96,18 @@ def test_scale_cost_compares_both_stores(tmp_path: pathlib.Path) -> None:
     for row in ("apply µs/job", "due scan ms"):
         assert f"  {row}" in proc.stdout
 
+
+
+def test_commit_cost_compares_one_entry_per_commit_with_several(tmp_path: pathlib.Path) -> None:
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x" * 4096)
+    if file_dirty_bytes(str(probe)) is None:
+        pytest.skip("no cachestat(2) here (Linux < 6.5): commit_cost cannot read dirty bytes")
+    proc = subprocess.run([sys.executable, "-m", "bench.commit_cost", "--live", "2000", "--pool-jobs", "500",
+                           "--entries", "100", "--per-commit", "10", "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "     1 per commit: " in proc.stdout and "    10 per commit: " in proc.stdout
 
 def test_snapshot_cost_times_each_copy_and_the_journal_beside_it(tmp_path: pathlib.Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.snapshot_cost", "--live", "3000", "--rounds", "2",

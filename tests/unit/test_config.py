@@ -82,3 +82,10 @@ def test_tune_gc_refuses_a_young_generation_outside_its_range_and_changes_nothin
 def test_reconnect_must_come_before_an_election_timeout() -> None:
     with pytest.raises(ValueError, match="reconnect_s must be above 0 and below election_timeout_s_min"):
         RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", reconnect_s=0.5).validate()
+
+
+@pytest.mark.parametrize("defer_s", [-0.01, 1.5])
+def test_a_follower_commit_deferral_out_of_range_is_refused(defer_s: float) -> None:
+    with pytest.raises(ValueError, match=r"follower_commit_defer_s must be within 0..1 seconds"):
+        RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", follower_commit_defer_s=defer_s).validate()
+    RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", follower_commit_defer_s=0).validate()
