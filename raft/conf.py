@@ -1,6 +1,8 @@
 """Raft settings for one node, with units in the names and their relations checked."""
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 
 
@@ -57,6 +59,11 @@ class RaftConfig:
     # the disk goes). Each journal fdatasync waits for the copy's bytes queued before it:
     # paced, a 1M-job store's 760 MB copy takes ~7 s and leaves commits their latency.
     snapshot_write_bytes_per_s: int = 100 << 20
+    # A background copy is first made into an unlinked file here, in memory, where this
+    # directory has room for the store; the paced write then reads it with no LMDB read
+    # txn open (raft/snapshot.py, _stage). None, or no room: LMDB copies through a pipe
+    # as the write goes, holding its read txn all that time.
+    snapshot_stage_dir: str | None = "/dev/shm"
     # Largest Raft entry, and the size of one append message. pysyncobj 0.3.17 sends a
     # bigger entry in pieces and marks its last piece wrongly (by the command's length,
     # not the pickled entry's): an entry just under a multiple of the piece size reached
@@ -81,8 +88,9 @@ class RaftConfig:
     # unless someone on this node waits for a result it applied (raft/group.py). Each commit
     # copies the B-tree paths it touched to pages LMDB takes from its free list: in a store
     # whose free list a snapshot copy's long read left large, each copy is a new dirty page,
-    # ~67 KiB written back per one-job entry committed alone and ~12 KiB in tens
-    # (docs/performance.md, thirty-first round). A leader commits every tick.
+    # 69.8 KiB left to write back per one-job entry committed alone, 12.0 KiB at ten per
+    # commit (`python -m bench.commit_cost`; docs/performance.md, thirty-first round). A
+    # leader commits every tick: the results it answers with wait for the commit.
     follower_commit_defer_s: float = 0.02
     # Shared cluster secret: pysyncobj derives a Fernet key (AES + HMAC) from it and
     # every Raft message is encrypted and authenticated. None: plain pickle (loopback only).
@@ -106,6 +114,8 @@ class RaftConfig:
             raise ValueError("snapshot_stagger_s must be within 0..300 seconds")
         if self.snapshot_write_bytes_per_s != 0 and self.snapshot_write_bytes_per_s < 1 << 20:
             raise ValueError("snapshot_write_bytes_per_s must be 0 (unpaced) or at least 1 MiB/s")
+        if self.snapshot_stage_dir is not None and not os.path.isabs(self.snapshot_stage_dir):
+            raise ValueError("snapshot_stage_dir must be an absolute path, or None (no staging)")
         if self.lmdb_writeback_s != 0 and not 1 <= self.lmdb_writeback_s <= 60:
             raise ValueError("lmdb_writeback_s must be 0 (the kernel's own writeback) or within 1..60 seconds")
         if self.lmdb_writeback_growth_min_bytes < 0:

@@ -239,7 +239,7 @@ class Group:
         keep_from = snapshot.first_needed_index(base + ".snapshot")
         journal.install(lambda path: journal.DurableJournal(path, keep_from))
         self._snapshots = SnapshotWriter(self.store, base + ".snapshot", self._snapshot_delay_s,
-                                         conf.snapshot_write_bytes_per_s)
+                                         conf.snapshot_write_bytes_per_s, conf.snapshot_stage_dir)
         sconf = SyncObjConf(
             journalFile=journal_path,
             fullDumpFile=base + ".snapshot",

@@ -22,9 +22,11 @@ other, and the leader last).
 
 The first snapshot of a data dir (no previous one to keep) is written in the
 call, as before, and unpaced: pacing it would hold the tick thread longer. A
-background copy is paced (`snapshot_write_bytes_per_s`). It runs on its own LMDB
-read txn while apply goes on; it may hold entries after the ones named in its
-header, which replay skips."""
+background copy is paced (`snapshot_write_bytes_per_s`), and staged in memory first
+where there is room (`snapshot_stage_dir`), so its LMDB read txn is open for the
+fraction of a second the staging takes instead of the whole paced write. Apply goes
+on meanwhile; the copy may hold entries after the ones named in its header, which
+replay skips."""
 from __future__ import annotations
 
 import logging
@@ -45,11 +47,12 @@ SIZE_READ_EVERY_S = 1.0
 
 class SnapshotWriter:
     def __init__(self, store: Store, path: str, delay_s: Callable[[], float] = lambda: 0.0,
-                 bytes_per_s: int = 0) -> None:
+                 bytes_per_s: int = 0, stage_dir: str | None = None) -> None:
         self.store = store
         self.path = path
         self._delay_s = delay_s
         self._bytes_per_s = bytes_per_s
+        self._stage_dir = stage_dir
         self._cancel = threading.Event()
         self._next = path + ".next"
         self._tmp_link = path + ".tmp"
@@ -94,7 +97,7 @@ class SnapshotWriter:
         try:
             if os.path.exists(self._retired):
                 os.replace(self._retired, self._next)
-            snapshot.write(self.store, self._next, data, self._bytes_per_s)
+            snapshot.write(self.store, self._next, data, self._bytes_per_s, self._stage_dir)
         except BaseException as exc:  # reported to the tick thread by state()
             self._error = exc
 

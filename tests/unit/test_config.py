@@ -89,3 +89,9 @@ def test_a_follower_commit_deferral_out_of_range_is_refused(defer_s: float) -> N
     with pytest.raises(ValueError, match=r"follower_commit_defer_s must be within 0..1 seconds"):
         RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", follower_commit_defer_s=defer_s).validate()
     RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", follower_commit_defer_s=0).validate()
+
+
+def test_a_relative_snapshot_stage_dir_is_refused() -> None:
+    with pytest.raises(ValueError, match="snapshot_stage_dir must be an absolute path, or None"):
+        RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", snapshot_stage_dir="shm").validate()
+    RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", snapshot_stage_dir=None).validate()

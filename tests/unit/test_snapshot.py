@@ -176,3 +176,56 @@ def test_a_snapshot_written_over_a_bigger_file_is_cut_to_its_own_length(tmp_path
     snapshot.write(d.store, str(reused), ENTRIES)
     assert reused.stat().st_ino == inode and reused.read_bytes() == fresh.read_bytes()
     d.store.close()
+
+
+def readers_while_writing(store_env: lmdb.Environment, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """[whether an LMDB read txn was open once the copy's first block was read], per copy
+    (the store is several times the pipe's size, so a copy through it is still running then)."""
+    seen: list[bool] = []
+    real_write_from, real_fill = snapshot._write_from, snapshot._fill
+    first: list[bool] = []
+
+    def fill(read_fd: int, block: memoryview) -> int:
+        got = real_fill(read_fd, block)
+        if not first:
+            first.append(True)
+            seen.append("no active readers" not in store_env.readers())
+        return got
+
+    def write_from(read_fd: int, fd: int, offset: int, bytes_per_s: int) -> tuple[int, int]:
+        first.clear()
+        return real_write_from(read_fd, fd, offset, bytes_per_s)
+
+    monkeypatch.setattr(snapshot, "_fill", fill)
+    monkeypatch.setattr(snapshot, "_write_from", write_from)
+    return seen
+
+
+def test_a_staged_copy_holds_no_read_txn_while_it_is_written(tmp_path: pathlib.Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages freed while a read txn is open join LMDB's free list for good: the copy is
+    staged first, and the paced write reads the staged file, not the store."""
+    d = filled_store(tmp_path)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    piped, staged = tmp_path / "piped.snapshot", tmp_path / "staged.snapshot"
+    seen = readers_while_writing(d.store.env, monkeypatch)
+    snapshot.write(d.store, str(piped), ENTRIES, bytes_per_s=1 << 40)
+    snapshot.write(d.store, str(staged), ENTRIES, bytes_per_s=1 << 40, stage_dir=str(stage))
+    assert seen == [True, False]
+    assert staged.read_bytes() == piped.read_bytes()
+    assert list(stage.iterdir()) == [], "the staged copy is an unlinked file"
+    d.store.close()
+
+
+def test_without_room_to_stage_the_copy_goes_through_the_pipe(tmp_path: pathlib.Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    d = filled_store(tmp_path)
+    seen = readers_while_writing(d.store.env, monkeypatch)
+    snapshot.write(d.store, str(tmp_path / "missing.snapshot"), ENTRIES, stage_dir=str(tmp_path / "missing"))
+    full = os.statvfs_result((4096, 4096, 1000, 10, 10, 1000, 10, 10, 0, 255))
+    monkeypatch.setattr(snapshot.os, "statvfs", lambda path: full)
+    snapshot.write(d.store, str(tmp_path / "full.snapshot"), ENTRIES, stage_dir=str(tmp_path))
+    assert seen == [True, True]
+    assert (tmp_path / "missing.snapshot").read_bytes() == (tmp_path / "full.snapshot").read_bytes()
+    d.store.close()

@@ -74,9 +74,10 @@ def gated_copies(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     release = threading.Event()
     real_write = snapshot.write
 
-    def gated(store: Any, path: str, data: tuple[Any, ...], bytes_per_s: int = 0) -> None:
+    def gated(store: Any, path: str, data: tuple[Any, ...], bytes_per_s: int = 0,
+              stage_dir: str | None = None) -> None:
         release.wait(10)
-        real_write(store, path, data, bytes_per_s)
+        real_write(store, path, data, bytes_per_s, stage_dir)
 
     monkeypatch.setattr(snapshot, "write", gated)
     return release
@@ -114,7 +115,8 @@ def test_a_failed_copy_keeps_the_previous_snapshot(setup, monkeypatch) -> None:
     _, writer, final = setup
     first_snapshot(writer, final)
 
-    def broken_write(store: Any, path: str, data: tuple[Any, ...], bytes_per_s: int = 0) -> None:
+    def broken_write(store: Any, path: str, data: tuple[Any, ...], bytes_per_s: int = 0,
+                     stage_dir: str | None = None) -> None:
         pathlib.Path(path).write_bytes(b"half")
         raise OSError("disk full")
 
