@@ -2,13 +2,14 @@
 CPU (user and kernel) of `raft.snapshot.write`, and what it does to a journal's
 fdatasync on the same disk while it runs.
 
-    python -m bench.snapshot_cost [--live 1000000] [--rounds 3] [--bytes-per-s N] [--store DIR] [--data-root DIR]
+    python -m bench.snapshot_cost [--live 1000000] [--rounds 3] [--bytes-per-s N] [--stage-dir DIR] [--store DIR] [--data-root DIR]
 
 The store holds --live far-future one-off jobs (bench.apply_cost's fill), or is an
 existing store directory given with --store (so two builds can take turns copying
 the same one). Each round writes a snapshot into the same directory, paced as a
 node's background copy is (--bytes-per-s, RaftConfig.snapshot_write_bytes_per_s; 0:
-unpaced), times it and deletes it. CPU is this process's, every thread's, over the
+unpaced) and staged where it is (--stage-dir, RaftConfig.snapshot_stage_dir; '' for
+none), times it and deletes it. CPU is this process's, every thread's, over the
 write. Meanwhile a probe thread appends a 2 KB record to a file beside it and
 fdatasyncs it every 3 ms, as a node's Raft journal does under load; it also runs
 for --idle-s before the first round, for the disk's own figure."""
@@ -74,11 +75,11 @@ def _cpu_s() -> tuple[float, float]:
     return usage.ru_utime, usage.ru_stime
 
 
-def time_write(replica: Replica, out: str, bytes_per_s: int) -> dict[str, float]:
+def time_write(replica: Replica, out: str, bytes_per_s: int, stage_dir: str | None) -> dict[str, float]:
     with JournalProbe(out + ".probe") as probe:
         user0, sys0 = _cpu_s()
         started = time.perf_counter()
-        snapshot.write(replica.store, out, ENTRIES, bytes_per_s)
+        snapshot.write(replica.store, out, ENTRIES, bytes_per_s, stage_dir)
         wall = time.perf_counter() - started
         user1, sys1 = _cpu_s()
     size = os.path.getsize(out)
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--bytes-per-s", type=int, default=RaftConfig.snapshot_write_bytes_per_s,
                    help="pace of the copy (0: unpaced)")
+    p.add_argument("--stage-dir", default=RaftConfig.snapshot_stage_dir,
+                   help="stage the copy here first, as a node does ('': through the pipe, no staging)")
     p.add_argument("--idle-s", type=float, default=3.0, help="the probe alone, before the first round")
     p.add_argument("--data-root", default=None, help="the store and the snapshots go here (a real disk)")
     args = p.parse_args(argv)
@@ -111,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rounds and --live must be at least 1, --bytes-per-s and --idle-s at least 0")
     path = tempfile.mkdtemp(prefix="snapshot-cost-", dir=args.data_root)
     pace = f"{args.bytes_per_s / 2**20:g} MiB/s" if args.bytes_per_s else "unpaced"
+    pace += f", staged in {args.stage_dir}" if args.stage_dir else ", through the pipe"
     print(f"bench.snapshot_cost: {args.store or f'{args.live:,} far-future jobs'}, {args.rounds} rounds, {pace}; "
           f"{uptime_line()}")
     try:
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  filled in {time.perf_counter() - started:.1f} s")
         out = os.path.join(path, "group-0.snapshot")
         idle = idle_probe(out + ".probe", args.idle_s) if args.idle_s else None
-        rounds = [time_write(replica, out, args.bytes_per_s) for _ in range(args.rounds)]
+        rounds = [time_write(replica, out, args.bytes_per_s, args.stage_dir or None) for _ in range(args.rounds)]
         replica.store.close()
     finally:
         shutil.rmtree(path, ignore_errors=True)
