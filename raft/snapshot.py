@@ -109,7 +109,7 @@ def _aligned_prefix(header: dict[str, Any]) -> bytes:
 
 def _stage(env: lmdb.Environment, stage_dir: str) -> BinaryIO | None:
     """A compacted copy of env in an unlinked file in stage_dir, read from its start; None
-    where stage_dir is missing or has no room for the store.
+    where stage_dir is missing, has no room for the store, or the copy there failed.
 
     LMDB cannot reuse a page freed after the oldest open read txn began. A copy through
     the pipe holds its txn for as long as the paced write takes (4-8 s for a 1M-job
@@ -129,6 +129,10 @@ def _stage(env: lmdb.Environment, stage_dir: str) -> BinaryIO | None:
     try:
         env.copyfd(staged.fileno(), compact=True)
         os.lseek(staged.fileno(), 0, os.SEEK_SET)
+    except (OSError, lmdb.Error) as exc:  # the room went to someone else meanwhile, say
+        staged.close()
+        log.warning("snapshot_stage_failed dir=%s error=%r: copying through the pipe", stage_dir, exc)
+        return None
     except BaseException:
         staged.close()
         raise

@@ -7,6 +7,7 @@ import os
 import pathlib
 import threading
 import time
+from typing import Any
 
 import lmdb
 import pytest
@@ -228,4 +229,34 @@ def test_without_room_to_stage_the_copy_goes_through_the_pipe(tmp_path: pathlib.
     snapshot.write(d.store, str(tmp_path / "full.snapshot"), ENTRIES, stage_dir=str(tmp_path))
     assert seen == [True, True]
     assert (tmp_path / "missing.snapshot").read_bytes() == (tmp_path / "full.snapshot").read_bytes()
+    d.store.close()
+
+
+def test_a_staging_that_fails_midway_falls_back_to_the_pipe(tmp_path: pathlib.Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    d = filled_store(tmp_path)
+    reference, fallen_back = tmp_path / "reference.snapshot", tmp_path / "fallen-back.snapshot"
+    snapshot.write(d.store, str(reference), ENTRIES)
+    copies: list[int] = []
+    env = d.store.env
+
+    class FullStageEnv:
+        """The store's env, but its first copy (into the stage dir) runs out of room."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(env, name)
+
+        def copyfd(self, fd: int, compact: bool) -> None:
+            copies.append(fd)
+            if len(copies) == 1:
+                raise OSError(28, "No space left on device")
+            env.copyfd(fd, compact=compact)
+
+    monkeypatch.setattr(d.store, "env", FullStageEnv())
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    snapshot.write(d.store, str(fallen_back), ENTRIES, stage_dir=str(stage))
+    assert len(copies) == 2 and fallen_back.read_bytes() == reference.read_bytes()
+    assert list(stage.iterdir()) == []
+    monkeypatch.undo()
     d.store.close()
