@@ -1,7 +1,7 @@
 """What an LMDB commit costs a replica that applies one small entry per Raft tick, as
 a follower does at a few hundred jobs per second: the bytes it leaves for writeback
 and the CPU, per entry, with one commit per entry and with --per-commit entries per
-commit (raft/group.py, follower_commit_defer_s).
+commit (docs/decisions.md, "A snapshot copy is staged in memory", weighs both).
 
     python -m bench.commit_cost [--live 1000000] [--pool-jobs 50000] [--entries 5000] [--per-commit 10]
 

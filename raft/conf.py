@@ -84,14 +84,6 @@ class RaftConfig:
     lmdb_writeback_growth_min_bytes: int = 16 << 20
     # Where the kernel cannot tell a file's dirty bytes: only while the box holds this many.
     lmdb_writeback_dirty_min_bytes: int = 64 << 20
-    # A follower keeps applying into one open LMDB txn for up to this long before it commits,
-    # unless someone on this node waits for a result it applied (raft/group.py). Each commit
-    # copies the B-tree paths it touched to pages LMDB takes from its free list: in a store
-    # whose free list a snapshot copy's long read left large, each copy is a new dirty page,
-    # 69.8 KiB left to write back per one-job entry committed alone, 12.0 KiB at ten per
-    # commit (`python -m bench.commit_cost`; docs/performance.md, thirty-first round). A
-    # leader commits every tick: the results it answers with wait for the commit.
-    follower_commit_defer_s: float = 0.02
     # Shared cluster secret: pysyncobj derives a Fernet key (AES + HMAC) from it and
     # every Raft message is encrypted and authenticated. None: plain pickle (loopback only).
     secret: str | None = field(default=None, repr=False)
@@ -122,8 +114,6 @@ class RaftConfig:
             raise ValueError("lmdb_writeback_growth_min_bytes must be 0 (every round) or more")
         if self.lmdb_writeback_dirty_min_bytes < 0:
             raise ValueError("lmdb_writeback_dirty_min_bytes must be 0 (always) or more")
-        if not 0 <= self.follower_commit_defer_s <= 1:
-            raise ValueError("follower_commit_defer_s must be within 0..1 seconds")
         if self.compaction_entries_min < 10:
             raise ValueError("compaction_entries_min must be at least 10")
         if not 0 <= self.compaction_journal_ratio <= 10:

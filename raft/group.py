@@ -87,7 +87,7 @@ class _Replica(SyncObj):
         try:
             super()._onTick(timeToWait)
         finally:
-            self._group._commit_when_due()
+            self._group._commit_applied()
 
 
 def _backtrack_to_commit_index(replica: SyncObj) -> None:
@@ -212,10 +212,8 @@ class Group:
     entries and fires callbacks; asyncio callers get results through futures.
 
     All entries a tick applies share one LMDB txn, committed at the end of the
-    tick. A follower may leave it open over later ticks, for up to
-    follower_commit_defer_s, while no proposal of its own waits on it. Results and
-    on_applied notices wait for the commit, so whoever learns of an entry can read
-    it on this node."""
+    tick (one fsync for all of them). Results and on_applied notices wait for
+    that commit, so whoever learns of an entry can read it on this node."""
 
     def __init__(self, group_id: int, conf: RaftConfig, on_applied: Applied | None = None,
                  on_fatal: Callable[[str], None] = _fatal_default, clock_us: Callable[[], int] | None = None,
@@ -225,8 +223,6 @@ class Group:
         self._on_applied = on_applied
         self._on_fatal = on_fatal
         self._after_commit: list[Callable[[], None]] = []
-        self._txn_opened_s: float | None = None  # monotonic time of the open txn's first apply
-        self._awaited = False  # a proposal of this node's waits for the open txn's commit
         self._failed: str | None = None
         self._destroyed = False
         os.makedirs(conf.data_dir, exist_ok=True)
@@ -283,7 +279,7 @@ class Group:
         self._step_down_requested = False
         self.leader_changes = 0
         self._leader_seen: Any = None
-        self.replica.addOnTickCallback(self._commit_when_due)
+        self.replica.addOnTickCallback(self._commit_applied)
         self.replica.addOnTickCallback(self._watch_leader)
         self.replica.addOnTickCallback(self._step_down_if_requested)
         self.replica.addOnTickCallback(self._compact_when_due)
@@ -296,8 +292,6 @@ class Group:
         make this replica diverge. The node stops and replays from its journal."""
         if self._failed is not None:
             return {"fatal": self._failed}
-        if self._txn_opened_s is None:
-            self._txn_opened_s = time.monotonic()
         try:
             op, result = fsm.apply(self.store, index, blob)
         except fsm.FatalApplyError as exc:
@@ -317,20 +311,8 @@ class Group:
         except Exception:
             log.exception("on_applied callback failed group=%d raft_index=%d", self.group_id, index)
 
-    def _commit_when_due(self) -> None:
-        """Tick thread: commit, unless this is a follower whose open txn nobody here waits
-        on and which is younger than follower_commit_defer_s. Entries a follower applies
-        one per tick (a few hundred a second) then share a commit: the B-tree pages they
-        touch are copied once, not once per entry."""
-        opened = self._txn_opened_s
-        if opened is not None and not self._awaited and not self.replica._isLeader() \
-                and time.monotonic() - opened < self.conf.follower_commit_defer_s:
-            return
-        self._commit_applied()
-
     def _commit_applied(self) -> None:
-        """Tick thread: make the applied entries visible in LMDB, then tell whoever waits on them."""
-        self._txn_opened_s, self._awaited = None, False
+        """Tick thread: make this tick's entries durable in LMDB, then tell whoever waits on them."""
         if self._failed is None:
             try:
                 self.store.commit_applied()
@@ -413,7 +395,6 @@ class Group:
         def done(result: Any, error: int) -> None:
             # Success is only ever reported by the tick thread, right after the apply.
             if error == FAIL_REASON.SUCCESS:
-                self._awaited = True
                 self._after_commit.append(lambda: post(result, error))
             else:
                 post(result, error)
@@ -468,6 +449,5 @@ class Group:
         self._destroyed = True
         # Wait for the tick thread: it may be mid-apply on the store we close next.
         self.replica.destroy_synchronous()
-        self._commit_applied()  # a follower's deferred entries, so a restart need not replay them
         self._snapshots.abandon()
         self.store.close()

@@ -21,7 +21,6 @@ from raft import snapshot as snapshot_mod
 from raft.conf import RaftConfig
 from raft.group import PICKLE_PROTOCOL, Group, ProposalFailed
 from storage import bootmark, ops, queries
-from storage.db import Store
 from storage.ops import Op
 from tests.integration.harness import free_ports, wait_until
 from tests.unit.fsm_driver import S, T0
@@ -77,25 +76,11 @@ def single(tmp_path: pathlib.Path, rec: Recorder, port: int, **conf: Any) -> Gro
     return group
 
 
-def three_groups(tmp_path: pathlib.Path, **conf: Any) -> list[Group]:
+def three_groups(tmp_path: pathlib.Path) -> list[Group]:
     addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
     return [Group(0, RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
-                                data_dir=str(tmp_path / f"n{i}"), **{**FAST, **conf}), on_fatal=pytest.fail)
+                                data_dir=str(tmp_path / f"n{i}"), **FAST), on_fatal=pytest.fail)
             for i in range(3)]
-
-
-def count_commits(group: Group) -> list[int]:
-    """[LMDB commits that held applied entries], counted from now on."""
-    commits = [0]
-    commit = group.store.commit_applied
-
-    def counting() -> bool:
-        committed = commit()
-        commits[0] += committed
-        return committed
-
-    group.store.commit_applied = counting  # type: ignore[method-assign]
-    return commits
 
 
 def test_restart_replays_the_journal_without_applying_twice(tmp_path: pathlib.Path, loop) -> None:
@@ -522,58 +507,3 @@ def test_raft_pickles_at_protocol_5_and_replays_a_journal_written_at_protocol_2(
         assert job_count(group) == 6
     finally:
         group.destroy()
-
-
-def test_a_follower_commits_the_entries_of_many_ticks_at_once(tmp_path: pathlib.Path, loop) -> None:
-    """Entries a follower applies one per tick share an LMDB commit (raft/group.py,
-    follower_commit_defer_s); every one is readable on it within the deferral."""
-    groups = three_groups(tmp_path, follower_commit_defer_s=1.0)
-    try:
-        wait_until(lambda: all(g.status()["leader"] is not None for g in groups), 15, "a leader everyone knows")
-        leader = next(g for g in groups if g.is_leader())
-        follower = next(g for g in groups if g is not leader)
-        commits, leader_commits = count_commits(follower), count_commits(leader)
-        for i in range(20):
-            propose(leader, loop, create_blob(f"j{i}"))  # one entry per tick
-        assert leader_commits[0] >= 20, "a leader commits every tick: its results wait for the commit"
-        wait_until(lambda: job_count(follower) == 20, 10, "the follower's store to show every entry")
-        assert commits[0] <= 10
-    finally:
-        for g in groups:
-            g.destroy()
-
-
-def test_a_follower_commits_at_once_what_its_own_proposal_waits_for(tmp_path: pathlib.Path, loop) -> None:
-    """A proposal made on a follower resolves after its apply is committed there, without
-    waiting out the deferral, and the follower's store already shows it."""
-    groups = three_groups(tmp_path, follower_commit_defer_s=1.0)
-    try:
-        wait_until(lambda: all(g.status()["leader"] is not None for g in groups), 15, "a leader everyone knows")
-        follower = next(g for g in groups if not g.is_leader())
-        for i in range(5):
-            started = time.monotonic()
-            assert propose(follower, loop, create_blob(f"f{i}"))["results"][0]["ok"]
-            assert job_count(follower) == i + 1
-            assert time.monotonic() - started < 0.9, "the commit did not wait out the 1 s deferral"
-    finally:
-        for g in groups:
-            g.destroy()
-
-
-def test_a_stopped_follower_commits_what_it_deferred(tmp_path: pathlib.Path, loop) -> None:
-    groups = three_groups(tmp_path, follower_commit_defer_s=1.0)
-    try:
-        wait_until(lambda: all(g.status()["leader"] is not None for g in groups), 15, "a leader everyone knows")
-        leader = next(g for g in groups if g.is_leader())
-        follower = next(g for g in groups if g is not leader)
-        index = propose(leader, loop, create_blob("j")) and leader.status()["last_applied"]
-        wait_until(lambda: follower.status()["last_applied"] >= index, 10, "the follower to apply the entry")
-        follower.destroy()
-        store = Store(follower.store.path, 0, follower.conf.lmdb_map_bytes)
-        try:
-            assert store.last_applied() >= index
-        finally:
-            store.close()
-    finally:
-        for g in groups:
-            g.destroy()
