@@ -115,8 +115,8 @@ def _stage(env: lmdb.Environment, stage_dir: str) -> BinaryIO | None:
     the pipe holds its txn for as long as the paced write takes (4-8 s for a 1M-job
     store), and every page the commits free meanwhile joins LMDB's free list for good:
     LMDB hands out its oldest free pages first, so from then on each page a commit
-    copies is a clean one, left for writeback. Copied into memory (tmpfs) first, a
-    271 MB store took 0.08 s; the paced write then reads the staged file, with no txn
+    copies is a clean one, left for writeback. LMDB's compact copy of a 271 MB store into
+    the page cache took 0.08 s; the paced write then reads the staged file, with no txn
     open (docs/decisions.md, "A snapshot copy is staged in memory")."""
     need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     try:
