@@ -57,11 +57,11 @@ class Replica:
         return result
 
 
-def fill(replica: Replica, live: int) -> None:
+def fill(replica: Replica, live: int, prefix: str = "live") -> None:
     """live far-future one-offs, created in batches as the scale bench's fill makes them."""
     far = T0 + 365 * 86_400 * S
     for lo in range(0, live, CREATE_BATCH):
-        specs = [dict(JOB_DEFAULTS, job_id=f"live-{i:08d}", schedule={"kind": "at", "at_us": far},
+        specs = [dict(JOB_DEFAULTS, job_id=f"{prefix}-{i:08d}", schedule={"kind": "at", "at_us": far},
                       schedule_spec={}, queue="bench", payload_json='{"n": 1}')
                  for i in range(lo, min(live, lo + CREATE_BATCH))]
         replica.apply(Op.CREATE_JOBS, {"now": T0, "jobs": specs, "grace_us": GRACE_US, "claim_ahead_us": 12 * S})

@@ -25,23 +25,15 @@ from bench.apply_cost import GRACE_US, S, T0, Replica, fill
 from bench.common import BenchError, alternation, uptime_line
 from schedulerd.config import NodeConfig
 from schedulerd.gctune import tune_gc
-from schedulerd.jobspec import JOB_DEFAULTS
 from storage import fsm, ops
 from storage.ops import Op
 from storage.writeback import file_dirty_bytes
-
-FAR_US = 365 * 86_400 * S
-
 
 def grow_free_list(replica: Replica, jobs: int) -> None:
     """Create jobs while a read txn is open: the pages they free stay on LMDB's free list."""
     reader = replica.store.env.begin()
     try:
-        for lo in range(0, jobs, 100):
-            specs = [dict(JOB_DEFAULTS, job_id=f"pool-{i:08d}", schedule={"kind": "at", "at_us": T0 + FAR_US},
-                          schedule_spec={}, queue="bench", payload_json='{"n": 1}')
-                     for i in range(lo, min(jobs, lo + 100))]
-            replica.apply(Op.CREATE_JOBS, {"now": T0, "jobs": specs, "grace_us": GRACE_US, "claim_ahead_us": 0})
+        fill(replica, jobs, prefix="pool")
     finally:
         reader.abort()
 
