@@ -23,6 +23,7 @@ import click
 
 from cli.session import Session
 from schedulerd import timefmt
+from schedulerd.destinations import DestinationPolicy
 from schedulerd.gctune import tune_gc
 from schedulerd.http_executor import HttpExecutor
 from schedulerd.worker import Task, Worker
@@ -314,9 +315,12 @@ def run_worker(session: Session, queues: tuple[str, ...], concurrency: int,
 @click.option("--worker-id", metavar="ID", help="Name in leases and logs [host-pid-random].")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
               help="Verify https targets against this CA bundle instead of the system's.")
+@click.option("--allow-private-targets", is_flag=True,
+              help="Call loopback, link-local and cloud-metadata addresses too (refused by default: a job "
+                   "could otherwise reach this host's own services); for a local test.")
 @click.pass_obj
 def http_worker(session: Session, queues: tuple[str, ...], concurrency: int, worker_id: str | None,
-                ca_file: str | None) -> None:
+                ca_file: str | None, allow_private_targets: bool) -> None:
     """Call each task's http target, until SIGINT or SIGTERM.
 
     \b
@@ -328,14 +332,17 @@ def http_worker(session: Session, queues: tuple[str, ...], concurrency: int, wor
     of the body; any other status (a redirect too: it is not followed), a
     timeout (target timeout_s, else the job's
     timeout_s, else 30 s) or a connection error nacks, so the run is retried with
-    backoff and dead-lettered after max_attempts.
+    backoff and dead-lettered after max_attempts. A target that is, or whose
+    name resolves to, a loopback, link-local or cloud-metadata address is
+    refused and nacked (--allow-private-targets: called anyway).
 
     \b
     Example:
         schedctl worker http --queue webhooks --concurrency 200
     """
     ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
-    executor = HttpExecutor(concurrency, ssl=ssl_context)
+    executor = HttpExecutor(concurrency, ssl=ssl_context,
+                            policy=None if allow_private_targets else DestinationPolicy())
     runner = _start(session, worker_id, concurrency)
     for queue in queues:
         runner.handler(queue)(executor)

@@ -3,12 +3,13 @@ health routes here, job and task routes in their own modules."""
 from __future__ import annotations
 
 import logging
+import re
 from importlib.metadata import version
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd import auth, dashboard, namespaces, openapi, routes_jobs, routes_preview, routes_tasks, views
+from schedulerd import auth, dashboard, exposure, namespaces, openapi, routes_jobs, routes_preview, routes_tasks, views
 from schedulerd import request as request_mod
 from schedulerd.auth import TokenFile
 from schedulerd.errors import InvalidRequest, SchedulerError, Unavailable, status_of
@@ -25,6 +26,8 @@ log = logging.getLogger("schedulerd.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RETRY_AFTER_S = "1"
+# An audit record's key in hex, as next_cursor gives it.
+_AUDIT_CURSOR = re.compile(r"(?:[0-9a-f]{2})*")
 
 
 def error_response(status: int, code: str, message: str) -> web.Response:
@@ -47,7 +50,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPNotFound:
         return error_response(404, "not_found", f"no route {request.method} {request.path}")
     except web.HTTPMethodNotAllowed as exc:
-        return error_response(405, "method_not_allowed", f"{request.method} not allowed; use {', '.join(sorted(exc.allowed_methods))}")
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        resp = error_response(405, "method_not_allowed", f"{request.method} not allowed; use {allowed}")
+        resp.headers["Allow"] = allowed  # RFC 9110 15.5.6: a 405 names the methods that are
+        return resp
     except Exception:
         log.exception("request_failed method=%s path=%s", request.method, request.path)
         return error_response(500, "internal", "internal error; see the server log")
@@ -83,8 +89,12 @@ def server_options(limits: Limits) -> dict[str, Any]:
 def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) -> web.Application:
     metrics = Metrics(node, lambda: leases.waiters)
     metrics.attach()
-    app = web.Application(middlewares=[metrics.middleware, errors_middleware, auth_middleware(tokens)],
+    policy = exposure.ExposurePolicy.build(node.config.http_host, node.config.allowed_hosts,
+                                           node.config.allowed_origins)
+    app = web.Application(middlewares=[metrics.middleware, errors_middleware, exposure.middleware(policy),
+                                       auth_middleware(tokens)],
                           client_max_size=node.config.limits.request_bytes_max)
+    app.on_response_prepare.append(exposure.cors_on_prepare(policy))
     app[request_mod.LIMITS] = node.config.limits
 
     async def cluster(request: web.Request) -> web.Response:
@@ -118,10 +128,9 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
         limit = request_mod.query_int(request, "limit", default=100, low=1, high=node.config.limits.page_size_max,
                                       limit_name="page_size_max")
         cursor = request.query.get("cursor")
-        try:
-            before = bytes.fromhex(cursor) if cursor else None
-        except ValueError:
-            raise InvalidRequest("cursor must be a value returned as next_cursor") from None
+        if cursor is not None and not _AUDIT_CURSOR.fullmatch(cursor):
+            raise InvalidRequest("cursor must be a value returned as next_cursor")
+        before = bytes.fromhex(cursor) if cursor else None
         records: list[tuple[bytes, dict[str, Any]]] = []
         for group in node.groups:
             with node.read(group) as (txn, tables):
@@ -143,7 +152,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
                             "digest": state_digest(txn, tables)})
         return views.respond({"groups": out})
 
-    spec = openapi.document(version("schedulerd"))
+    spec = openapi.document(version("schedulerd"), node.config.limits, tokens=tokens is not None)
 
     async def openapi_json(request: web.Request) -> web.Response:
         return views.respond(spec)

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from raft.conf import RaftConfig
 from schedulerd import gctune
+from schedulerd.destinations import DestinationPolicy
+from schedulerd.exposure import ExposurePolicy
 from schedulerd.limits import Limits
 
 
@@ -15,6 +17,12 @@ class NodeConfig:
     http_host: str = "127.0.0.1"
     http_port: int = 8080
     limits: Limits = field(default_factory=Limits)
+    # Names the node answers to besides its own (schedulerd/exposure.py); "*": any.
+    allowed_hosts: tuple[str, ...] = ()
+    # Web origins whose pages may change things on the node (CORS answered for them).
+    allowed_origins: tuple[str, ...] = ()
+    # Where an http target may point (schedulerd/destinations.py).
+    destinations: DestinationPolicy = field(default_factory=DestinationPolicy)
     # Lease granted to a worker per delivery; heartbeats extend it by the same.
     lease_s: float = 30.0
     # A poll served by a follower asks to lease only runs ready at least this long. A
@@ -66,5 +74,7 @@ class NodeConfig:
         low, high = gctune.YOUNG_OBJECTS_RANGE
         if not low <= self.gc_young_objects <= high:
             raise ValueError(f"gc_young_objects must be within {low}..{high} ({low} is CPython's default)")
+        ExposurePolicy.build(self.http_host, self.allowed_hosts, self.allowed_origins)
+        self.destinations.validate()
         if not 0 < self.http_port < 65536:
             raise ValueError("http_port must be 1..65535")

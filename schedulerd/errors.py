@@ -83,6 +83,24 @@ class Forbidden(SchedulerError):
     code = "forbidden"
 
 
+class CrossSiteRefused(Forbidden):
+    """A page of another site may not change anything on this node."""
+
+    code = "cross_site"
+
+
+class MisdirectedHost(SchedulerError):
+    """The request names a Host this node does not answer to."""
+
+    code = "misdirected_host"
+
+
+class UnsupportedMediaType(SchedulerError):
+    """The body is not declared as a type this route takes."""
+
+    code = "unsupported_media_type"
+
+
 class SlowRequest(SchedulerError):
     """The client sent its request too slowly."""
 
@@ -107,6 +125,9 @@ STATUS: dict[type[SchedulerError], int] = {
     OutcomeUnknown: 503,
     Unauthorized: 401,
     Forbidden: 403,
+    CrossSiteRefused: 403,
+    MisdirectedHost: 421,
+    UnsupportedMediaType: 415,
     TooManyRequests: 429,
     SlowRequest: 408,
     SchedulerError: 500,

@@ -12,6 +12,7 @@ from typing import Any
 from schedulerd import targets
 from schedulerd.errors import InvalidJob, TooLarge
 from schedulerd.limits import Limits
+from schedulerd.strict_json import integral
 from schedulerd.timefmt import from_iso
 from storage import cron, retry
 from storage.jobs import SPEC_DEFAULTS
@@ -93,7 +94,11 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
         raise InvalidJob("job_id must be 1-128 characters of A-Z a-z 0-9 _ . -")
     spec = {"job_id": job_id, **parse_options(raw, now_us, limits)}
     check_together(spec)
-    key = idempotency_key if idempotency_key is not None else raw.get("idempotency_key")
+    in_body = raw.get("idempotency_key")
+    if idempotency_key is not None and in_body is not None and in_body != idempotency_key:
+        raise InvalidJob(f"the Idempotency-Key header ({idempotency_key!r}) and the body's idempotency_key "
+                         f"({in_body!r}) differ: send one key, in either place")
+    key = idempotency_key if idempotency_key is not None else in_body
     if key is not None:
         if not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_CHARS_MAX:
             raise InvalidJob(f"idempotency key must be 1..{IDEMPOTENCY_KEY_CHARS_MAX} characters")
@@ -140,7 +145,7 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
             out[name] = _int_in(raw[name], name, *RANGES[name])
     for name, allowed in (("misfire_policy", MisfirePolicy), ("overlap_policy", OverlapPolicy)):
         if name in raw:
-            if raw[name] not in {p.value for p in allowed}:
+            if not isinstance(raw[name], str) or raw[name] not in {p.value for p in allowed}:
                 raise InvalidJob(f"{name} must be one of {', '.join(p.value for p in allowed)}")
             out[name] = raw[name]
     for name, (field, nullable) in _SECONDS_OPTIONS.items():
@@ -196,9 +201,10 @@ def _payload_json(payload: Any, limits: Limits) -> str:
 
 
 def _int_in(value: Any, name: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    number = integral(value)
+    if number is None or not low <= number <= high:
         raise InvalidJob(f"{name} must be an integer from {low} to {high}")
-    return value
+    return number
 
 
 def _number_in(value: Any, name: str, low: float, high: float) -> float:

@@ -4,7 +4,8 @@ Hitting one is a typed error that names the limit (never a silent clamp) and
 a metric."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,23 @@ class Limits:
     metrics_scan_max: int = 100_000
     # Below this much free space on the data directory, the node refuses writes (503).
     disk_free_bytes_min: int = 64 * 1024 * 1024
+
+    def overridden(self, settings: Iterable[str]) -> "Limits":
+        """A copy with NAME=VALUE settings (schedulerd --limit) applied; raises ValueError
+        naming a setting that is malformed, unknown or not a number of the limit's kind."""
+        known = {f.name for f in fields(self)}
+        changes: dict[str, int | float] = {}
+        for setting in settings:
+            name, sep, text = (part.strip() for part in setting.partition("="))
+            if not sep or name not in known:
+                raise ValueError(f"limit {setting!r}: expected NAME=VALUE, NAME one of {', '.join(sorted(known))}")
+            kind = type(getattr(self, name))
+            try:
+                changes[name] = kind(text)
+            except ValueError:
+                raise ValueError(f"limit {name}={text!r}: expected {'an integer' if kind is int else 'a number'}") \
+                    from None
+        return replace(self, **changes)
 
     def validate(self) -> None:
         for f in fields(self):

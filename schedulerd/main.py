@@ -23,8 +23,10 @@ from raft.conf import RaftConfig
 from schedulerd.api import make_app, server_options
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
+from schedulerd.destinations import DestinationPolicy
 from schedulerd.gctune import tune_gc
 from schedulerd.leader import LeaderLoops
+from schedulerd.limits import Limits
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.node import Node
 
@@ -104,6 +106,21 @@ def _nothing_to_reload() -> None:
               help="Shared secret (16+ chars, same on every node): Raft traffic is encrypted and authenticated.")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="PEM certificate (chain) for HTTPS.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key for --tls-cert.")
+@click.option("--allowed-hosts", default="", metavar="NAME,...",
+              help="Host names clients use to reach the API besides its own (localhost, the machine's name, "
+                   "the bind address; any IP address on a 0.0.0.0/:: bind). .example.com: its subdomains; "
+                   "*: any (turns the DNS-rebinding guard off).")
+@click.option("--allowed-origins", default="", metavar="ORIGIN,...",
+              help="Web origins (https://ops.example.com) whose pages may change things here; the node's own "
+                   "origin (its dashboard) always may.")
+@click.option("--target-allow", default="", metavar="CIDR|HOST,...",
+              help="Let http targets reach these although refused by default (loopback, link-local, "
+                   "cloud metadata), e.g. 127.0.0.0/8 for a local test.")
+@click.option("--target-deny", default="", metavar="CIDR|HOST,...",
+              help="Refuse http targets in these too, e.g. 10.0.0.0/8 or .corp.example.com.")
+@click.option("--limit", "limit_settings", multiple=True, metavar="NAME=VALUE",
+              help="Set one of the limits of schedulerd/limits.py, e.g. payload_bytes_max=131072 or "
+                   "long_poll_s_max=10; repeat for more.")
 @click.option("--insecure", is_flag=True,
               help="Allow a non-loopback --http without --tokens-file, or --raft without --cluster-secret-file.")
 @click.pass_context
@@ -111,7 +128,8 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
         lease_s: float, compaction_entries: int, compaction_journal_ratio: float,
         clock_offset_file: str | None, log_level: str,
         log_format: str, tokens_file: str | None, cluster_secret_file: str | None, tls_cert: str | None,
-        tls_key: str | None, insecure: bool) -> None:
+        tls_key: str | None, allowed_hosts: str, allowed_origins: str, target_allow: str, target_deny: str,
+        limit_settings: tuple[str, ...], insecure: bool) -> None:
     """Run a schedulerd node. With no flags: a single-node cluster on 127.0.0.1:8080.
 
     \b
@@ -129,19 +147,26 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
     secret = _read_secret(cluster_secret_file) if cluster_secret_file else None
     _check_exposure(host, raft_host, tokens_file is not None, secret is not None, insecure)
     tokens = _load_tokens(tokens_file) if tokens_file else None
-    peer_list = tuple(p.strip() for p in peers.split(",") if p.strip())
+    peer_list = _listed(peers)
     for p in peer_list:
         _addr(p, "--peers entry")
-    config = NodeConfig(raft=RaftConfig(self_addr=raft_addr, peers=peer_list, data_dir=data_dir, groups=groups,
-                                        compaction_entries_min=compaction_entries,
-                                        compaction_journal_ratio=compaction_journal_ratio, secret=secret),
-                        http_host=host, http_port=port, lease_s=lease_s)
     try:
+        config = NodeConfig(raft=RaftConfig(self_addr=raft_addr, peers=peer_list, data_dir=data_dir,
+                                            groups=groups, compaction_entries_min=compaction_entries,
+                                            compaction_journal_ratio=compaction_journal_ratio, secret=secret),
+                            http_host=host, http_port=port, lease_s=lease_s,
+                            limits=Limits().overridden(limit_settings),
+                            allowed_hosts=_listed(allowed_hosts), allowed_origins=_listed(allowed_origins),
+                            destinations=DestinationPolicy.build(_listed(target_allow), _listed(target_deny)))
         config.validate()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     tune_gc(config.gc_young_objects)
     uvloop.run(serve(config, Clock(offset_file=clock_offset_file), tokens, _tls_context(tls_cert, tls_key)))
+
+
+def _listed(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def _check_exposure(http_host: str, raft_host: str, has_tokens: bool, has_secret: bool, insecure: bool) -> None:

@@ -8,203 +8,147 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedulerd.jobspec import CREATE_FIELDS, OPTION_FIELDS, RANGES
+from schedulerd import auth
 from schedulerd.limits import Limits
-from storage.model import JobState, MisfirePolicy, OverlapPolicy, RunState
+from schedulerd.openapi_schemas import (DURATION, ERROR, FENCE, IDEMPOTENCY_KEY, INT, ITEM_RESULTS, JOB, JOB_ID,
+                                        LEASE_ITEM, NAMESPACE, QUEUE, RUN, RUN_ID, STR, TASK, TIME, TIMEZONE,
+                                        WORKER_ID, Schema, batch, cron, job_create, job_patch, nullable, obj, page)
+from storage.model import JobState
 
-Schema = dict[str, Any]
-
-_STR: Schema = {"type": "string"}
-_INT: Schema = {"type": "integer"}
-_TIME: Schema = {"type": "string", "format": "date-time", "description": "ISO 8601 with Z or an offset"}
-_DURATION: Schema = {"type": "string", "examples": ["250ms", "90s", "1h30m"], "description": "units ms s m h d"}
-_SECONDS: Schema = {"type": ["number", "null"], "minimum": 0, "description": "seconds"}
-TARGET: Schema = {"type": ["object", "null"], "description": "Run by the built-in executor (schedctl worker http).",
-                  "required": ["kind", "url"], "properties": {
-                      "kind": {"const": "http"}, "url": {"type": "string", "format": "uri"},
-                      "method": {"enum": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"], "default": "POST"},
-                      "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-                      "body": {"type": "string", "description": "Default: the job's payload as JSON."},
-                      "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}}}
-
-
-def _ranged(option: str, schema: Schema) -> Schema:
-    """A numeric option's schema with the range the API allows it (jobspec.RANGES)."""
-    low, high = RANGES[option]
-    return {**schema, "minimum": low, "maximum": high}
-
-
-def _seconds(option: str, nullable: bool = True) -> Schema:
-    return _ranged(option, {"type": ["number", "null"] if nullable else "number", "description": "seconds"})
-
-
-JOB_FIELD_SCHEMAS: dict[str, Schema] = {
-    "job_id": {"type": "string", "maxLength": 200, "description": "Yours; generated when absent."},
-    "idempotency_key": {"type": "string", "description": "Same key + same body: 200 with the first job; "
-                                                         "different body: 409. Or the Idempotency-Key header."},
-    "schedule": {"type": "object", "description": "Exactly one of at, cron (+ timezone), every.",
-                 "properties": {"at": _TIME, "cron": {"type": "string", "examples": ["0 2 * * *"]},
-                                "timezone": {"type": "string", "examples": ["Europe/Berlin"]},
-                                "every": _DURATION}},
-    "queue": {"type": "string", "default": "default"},
-    "payload": {"description": "Any JSON value, handed to the worker as is."},
-    "max_attempts": _ranged("max_attempts", {"type": "integer", "default": 3}),
-    "priority": _ranged("priority", {"type": "integer", "default": 0}),
-    "misfire_policy": {"enum": [p.value for p in MisfirePolicy], "default": MisfirePolicy.FIRE_ONCE.value},
-    "catchup_limit": _ranged("catchup_limit", {"type": "integer", "default": 100}),
-    "starting_deadline_s": _seconds("starting_deadline_s"),
-    "overlap_policy": {"enum": [p.value for p in OverlapPolicy], "default": OverlapPolicy.ALLOW.value},
-    "backoff": {"type": "object", "properties": {"base_ms": _ranged("backoff.base_ms", _INT),
-                                                 "factor": _ranged("backoff.factor", {"type": "number"}),
-                                                 "max_ms": _ranged("backoff.max_ms", _INT)}},
-    "timeout_s": _seconds("timeout_s"),
-    "jitter_s": _seconds("jitter_s", nullable=False),
-    "history_limit": _ranged("history_limit", {"type": "integer", "default": 100}),
-    "target": TARGET,
-}
-
-JOB_CREATE: Schema = {"type": "object", "required": ["schedule"], "additionalProperties": False,
-                      "properties": {name: JOB_FIELD_SCHEMAS[name] for name in sorted(CREATE_FIELDS)}}
-JOB_PATCH: Schema = {"type": "object", "additionalProperties": False,
-                     "properties": {name: JOB_FIELD_SCHEMAS[name] for name in sorted(OPTION_FIELDS)}}
-JOB: Schema = {"type": "object", "properties": {
-    **{name: JOB_FIELD_SCHEMAS[name] for name in sorted(OPTION_FIELDS)},
-    "job_id": _STR, "state": {"enum": [s.value for s in JobState]}, "next_fire_time": _TIME,
-    "created_at": _TIME, "updated_at": _TIME}}
-RUN: Schema = {"type": "object", "properties": {
-    "run_id": _STR, "job_id": _STR, "queue": _STR, "state": {"enum": [s.value for s in RunState]},
-    "scheduled_time": _TIME, "available_at": _TIME, "attempt": _INT, "max_attempts": _INT, "fence": _INT,
-    "worker_id": _STR, "lease_until": _TIME, "finished_at": _TIME, "idempotency_key": _STR, "trigger": {
-        "type": "boolean"}, "result": {}, "error": _STR, "reason": _STR, "skipped_count": _INT,
-    "skipped_until": _TIME}}
-TASK: Schema = {"type": "object", "properties": {
-    "run_id": _STR, "job_id": _STR, "queue": _STR, "scheduled_time": _TIME, "attempt": _INT, "fence": _INT,
-    "idempotency_key": _STR, "lease_until": _TIME, "payload": {}, "target": TARGET, "timeout_s": _SECONDS}}
-ERROR: Schema = {"type": "object", "properties": {"error": {"type": "object", "properties": {
-    "code": _STR, "message": _STR}}}}
-ITEM_RESULTS: Schema = {"type": "object", "properties": {"results": {"type": "array", "items": {
-    "type": "object", "properties": {"run_id": _STR, "job_id": _STR, "ok": {"type": "boolean"},
-                                     "lease_until": _TIME, "error": ERROR["properties"]["error"]}}}}}
-LEASE_ITEM: Schema = {"type": "object", "required": ["run_id", "fence"], "properties": {"run_id": _STR, "fence": _INT}}
+# Answers that are not JSON, by route.
+_TEXT_ANSWERS = {"/ui": "text/html", "/metrics": "text/plain"}
 
 
 def _body(schema: Schema, required: bool = True) -> Schema:
     return {"required": required, "content": {"application/json": {"schema": schema}}}
 
 
-def _ok(description: str, schema: Schema | None = None, status: str = "200") -> dict[str, Any]:
+def _ok(description: str, schema: Schema | None = None, status: str = "200", *also: str) -> dict[str, Any]:
     answer: Schema = {"description": description}
     if schema is not None:
         answer["content"] = {"application/json": {"schema": schema}}
-    return {status: answer, "4XX": {"description": "The request was refused; nothing changed.",
-                                    "content": {"application/json": {"schema": ERROR}}},
-            "503": {"description": "No quorum, or this node's disk is full: retry (Retry-After)."}}
+    refused = {"description": "The request was refused; nothing changed.",
+               "content": {"application/json": {"schema": ERROR}}}
+    return {status: answer, **{s: answer for s in also}, "4XX": refused,
+            "503": {"description": "No quorum, or this node's disk is full: retry (Retry-After).",
+                    "content": {"application/json": {"schema": ERROR}}}}
 
 
 def _param(name: str, where: str, schema: Schema, description: str = "") -> Schema:
     return {"name": name, "in": where, "required": where == "path", "schema": schema, "description": description}
 
 
-def _obj(**props: Schema) -> Schema:
-    return {"type": "object", "properties": props}
+JOB_PARAM = _param("job_id", "path", JOB_ID)
+RUN_PARAM = _param("run_id", "path", RUN_ID)
 
 
-JOB_ID = _param("job_id", "path", _STR)
-RUN_ID = _param("run_id", "path", _STR)
-LIMIT = _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": Limits.page_size_max, "default": 100})
-CURSOR = _param("cursor", "query", _STR, "From the previous page's next_cursor.")
-WORKER = {"worker_id": _STR}
+def _cursor(regex: str) -> Schema:
+    return _param("cursor", "query", {"type": "string", "pattern": regex}, "From the previous page's next_cursor.")
 
 
-def operations() -> dict[str, dict[str, Any]]:
-    """{path: {method: operation}}; paths use aiohttp's {name} placeholders, as OpenAPI does."""
+JOBS_CURSOR = _param("cursor", "query", STR, "From the previous page's next_cursor.")
+RUNS_CURSOR = _cursor("^[0-9]{1,19}$")
+DEAD_LETTER_CURSOR = _cursor("^[0-9]{1,19}:" + RUN_ID["pattern"][1:])
+AUDIT_CURSOR = _cursor("^([0-9a-f]{2})*$")
+QUEUE_FILTER = _param("queue", "query", QUEUE)
+
+
+def operations(limits: Limits) -> dict[str, dict[str, Any]]:
+    """{path: {method: operation}}, with the node's limits; paths use aiohttp's {name}
+    placeholders, as OpenAPI does."""
+    runs_page = page("runs", RUN)
+    create = job_create(limits)
+    page_size = _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": limits.page_size_max,
+                                          "default": min(100, limits.page_size_max)})
     return {
         "/v1/jobs": {
             "post": {"summary": "Create a job", "tags": ["jobs"],
-                     "parameters": [_param("Idempotency-Key", "header", _STR)], "requestBody": _body(JOB_CREATE),
-                     "responses": _ok("Created (200: the same idempotent request again).", JOB, "201")},
+                     "parameters": [_param("Idempotency-Key", "header", IDEMPOTENCY_KEY,
+                                           "Or the body's idempotency_key; both given must be equal.")],
+                     "requestBody": _body(create),
+                     "responses": _ok("Created (200: the same idempotent request again).", JOB, "201", "200")},
             "get": {"summary": "List jobs", "tags": ["jobs"],
                     "parameters": [_param("state", "query", {"enum": [s.value for s in JobState]}),
-                                   _param("queue", "query", _STR), LIMIT, CURSOR],
-                    "responses": _ok("A page of jobs.", _obj(jobs={"type": "array", "items": JOB},
-                                                             next_cursor=_STR))}},
+                                   QUEUE_FILTER, page_size, JOBS_CURSOR],
+                    "responses": _ok("A page of jobs.", page("jobs", JOB))}},
         "/v1/jobs:batch": {
-            "post": {"summary": f"Create up to {Limits.create_batch_max} jobs in one Raft entry", "tags": ["jobs"],
-                     "parameters": [_param("Prefer", "header", _STR,
+            "post": {"summary": f"Create up to {limits.create_batch_max} jobs in one Raft entry", "tags": ["jobs"],
+                     "parameters": [_param("Prefer", "header", STR,
                                            "return=minimal: each created job's result without its view.")],
-                     "requestBody": _body(_obj(jobs={"type": "array", "items": JOB_CREATE,
-                                                     "maxItems": Limits.create_batch_max})),
+                     "requestBody": _body(obj(("jobs",), jobs={"type": "array", "items": create, "minItems": 1,
+                                                               "maxItems": limits.create_batch_max})),
                      "responses": _ok("One result per job, in order.", ITEM_RESULTS)}},
         "/v1/jobs/{job_id}": {
-            "get": {"summary": "Get a job", "tags": ["jobs"], "parameters": [JOB_ID],
+            "get": {"summary": "Get a job", "tags": ["jobs"], "parameters": [JOB_PARAM],
                     "responses": _ok("The job.", JOB)},
             "patch": {"summary": "Change a job (runs already claimed keep theirs)", "tags": ["jobs"],
-                      "parameters": [JOB_ID], "requestBody": _body(JOB_PATCH), "responses": _ok("The job.", JOB)},
+                      "parameters": [JOB_PARAM], "requestBody": _body(job_patch(limits)), "responses": _ok("The job.", JOB)},
             "delete": {"summary": "Cancel a job: no new occurrences; queued runs cancelled", "tags": ["jobs"],
-                       "parameters": [JOB_ID], "responses": _ok("The job, cancelled.", JOB)}},
+                       "parameters": [JOB_PARAM], "responses": _ok("The job, cancelled.", JOB)}},
         "/v1/jobs/{job_id}/pause": {
-            "post": {"summary": "Pause a job", "tags": ["jobs"], "parameters": [JOB_ID],
+            "post": {"summary": "Pause a job", "tags": ["jobs"], "parameters": [JOB_PARAM],
                      "responses": _ok("The job.", JOB)}},
         "/v1/jobs/{job_id}/resume": {
             "post": {"summary": "Resume a job from now (no catch-up of the pause)", "tags": ["jobs"],
-                     "parameters": [JOB_ID], "responses": _ok("The job.", JOB)}},
+                     "parameters": [JOB_PARAM], "responses": _ok("The job.", JOB)}},
         "/v1/jobs/{job_id}/trigger": {
             "post": {"summary": "Run a job now, once, with its own idempotency key", "tags": ["jobs"],
-                     "parameters": [JOB_ID], "responses": _ok("The new run.", _obj(run=RUN), "201")}},
+                     "parameters": [JOB_PARAM], "responses": _ok("The new run.", obj(run=RUN), "201")}},
         "/v1/jobs/{job_id}/runs": {
-            "get": {"summary": "A job's runs, newest first", "tags": ["runs"], "parameters": [JOB_ID, LIMIT, CURSOR],
-                    "responses": _ok("A page of runs.", _obj(runs={"type": "array", "items": RUN},
-                                                             next_cursor=_STR))}},
+            "get": {"summary": "A job's runs, newest first", "tags": ["runs"],
+                    "parameters": [JOB_PARAM, page_size, RUNS_CURSOR], "responses": _ok("A page of runs.", runs_page)}},
         "/v1/runs/{run_id}": {
-            "get": {"summary": "Get a run", "tags": ["runs"], "parameters": [RUN_ID],
+            "get": {"summary": "Get a run", "tags": ["runs"], "parameters": [RUN_PARAM],
                     "responses": _ok("The run.", RUN)}},
         "/v1/runs/{run_id}/retry": {
             "post": {"summary": "Re-drive a dead letter (a fresh round of attempts)", "tags": ["runs"],
-                     "parameters": [RUN_ID], "responses": _ok("The run, queued.", _obj(run=RUN))}},
+                     "parameters": [RUN_PARAM], "responses": _ok("The run, queued.", obj(run=RUN))}},
         "/v1/dead-letter": {
             "get": {"summary": "Dead-lettered runs, oldest first", "tags": ["runs"],
-                    "parameters": [_param("queue", "query", _STR), LIMIT, CURSOR],
-                    "responses": _ok("A page of runs.", _obj(runs={"type": "array", "items": RUN},
-                                                             next_cursor=_STR))}},
+                    "parameters": [QUEUE_FILTER, page_size, DEAD_LETTER_CURSOR],
+                    "responses": _ok("A page of runs.", runs_page)}},
         "/v1/preview": {
-            "get": {"summary": "Next fire times of a schedule, without creating a job", "tags": ["jobs"],
-                    "parameters": [_param("cron", "query", _STR), _param("timezone", "query", _STR),
-                                   _param("every", "query", _STR),
+            "get": {"summary": "Next fire times of a schedule (give cron or every), without creating a job",
+                    "tags": ["jobs"],
+                    "parameters": [_param("cron", "query", cron(limits)), _param("timezone", "query", TIMEZONE),
+                                   _param("every", "query", DURATION),
                                    _param("n", "query", {"type": "integer", "minimum": 1,
-                                                         "maximum": Limits.preview_n_max})],
-                    "responses": _ok("Fire times.", _obj(fire_times={"type": "array", "items": _TIME}))}},
+                                                         "maximum": limits.preview_n_max})],
+                    "responses": _ok("Fire times.", obj(fire_times={"type": "array", "items": TIME}))}},
         "/v1/tasks/poll": {
             "post": {"summary": "Long-poll for due tasks; each comes leased to this worker", "tags": ["workers"],
-                     "requestBody": _body(_obj(**WORKER, queues={"type": "array", "items": _STR},
-                                               max_tasks={"type": "integer", "minimum": 1,
-                                                          "maximum": Limits.lease_batch_max},
-                                               wait_s={"type": "number", "minimum": 0,
-                                                       "maximum": Limits.long_poll_s_max})),
+                     "requestBody": _body(obj(
+                         ("worker_id", "queues"), worker_id=WORKER_ID,
+                         queues={"type": "array", "minItems": 1, "maxItems": limits.poll_queues_max, "items": QUEUE},
+                         max_tasks={"type": "integer", "minimum": 1, "maximum": limits.lease_batch_max},
+                         wait_s={"type": "number", "minimum": 0, "maximum": limits.long_poll_s_max})),
                      "responses": _ok("Tasks (empty after wait_s), and the cluster's time their lease_until is on.",
-                                      _obj(tasks={"type": "array", "items": TASK}, now=_TIME))}},
+                                      obj(tasks={"type": "array", "items": TASK}, now=TIME))}},
         "/v1/tasks/heartbeat": {
             "post": {"summary": "Extend many leases", "tags": ["workers"],
-                     "requestBody": _body(_obj(**WORKER, leases={"type": "array", "items": LEASE_ITEM})),
+                     "requestBody": _body(batch("leases", LEASE_ITEM, limits.ack_batch_max)),
                      "responses": _ok("One result per lease, and the cluster's time.",
-                                      {**ITEM_RESULTS, "properties": {**ITEM_RESULTS["properties"], "now": _TIME}})}},
+                                      {**ITEM_RESULTS, "properties": {**ITEM_RESULTS["properties"], "now": TIME}})}},
         "/v1/tasks/ack": {
             "post": {"summary": "Ack many runs", "tags": ["workers"],
-                     "requestBody": _body(_obj(**WORKER, acks={"type": "array", "items": {
-                         **LEASE_ITEM, "properties": {**LEASE_ITEM["properties"], "result": {}}}})),
+                     "requestBody": _body(batch("acks", {**LEASE_ITEM, "properties": {
+                         **LEASE_ITEM["properties"], "result": {}}}, limits.ack_batch_max)),
                      "responses": _ok("One result per ack.", ITEM_RESULTS)}},
         "/v1/tasks/{run_id}/heartbeat": {
-            "post": {"summary": "Extend one lease", "tags": ["workers"], "parameters": [RUN_ID],
-                     "requestBody": _body(_obj(**WORKER, fence=_INT)),
+            "post": {"summary": "Extend one lease", "tags": ["workers"], "parameters": [RUN_PARAM],
+                     "requestBody": _body(obj(("worker_id", "fence"), worker_id=WORKER_ID, fence=FENCE)),
                      "responses": _ok("The new lease end, and the cluster's time.",
-                                      _obj(lease_until=_TIME, now=_TIME))}},
+                                      obj(lease_until=TIME, now=TIME))}},
         "/v1/tasks/{run_id}/ack": {
             "post": {"summary": "Ack one run (409 stale_fence if the lease is no longer yours)", "tags": ["workers"],
-                     "parameters": [RUN_ID], "requestBody": _body(_obj(**WORKER, fence=_INT, result={})),
-                     "responses": _ok("The run.", _obj(run=RUN))}},
+                     "parameters": [RUN_PARAM],
+                     "requestBody": _body(obj(("worker_id", "fence"), worker_id=WORKER_ID, fence=FENCE, result={})),
+                     "responses": _ok("The run.", obj(run=RUN))}},
         "/v1/tasks/{run_id}/nack": {
             "post": {"summary": "Fail one attempt: retry after backoff, or dead-letter", "tags": ["workers"],
-                     "parameters": [RUN_ID], "requestBody": _body(_obj(**WORKER, fence=_INT, error=_STR)),
-                     "responses": _ok("The run.", _obj(run=RUN))}},
+                     "parameters": [RUN_PARAM],
+                     "requestBody": _body(obj(("worker_id", "fence"), worker_id=WORKER_ID, fence=FENCE, error=STR)),
+                     "responses": _ok("The run.", obj(run=RUN))}},
         "/v1/cluster": {
             "get": {"summary": "This node, its Raft groups and their leaders", "tags": ["operations"],
                     "responses": _ok("Cluster status.", {"type": "object"})}},
@@ -214,42 +158,51 @@ def operations() -> dict[str, dict[str, Any]]:
         "/v1/queues": {
             "get": {"summary": "Per queue: ready now, queued for later, the oldest ready run's wait",
                     "tags": ["operations"],
-                    "responses": _ok("Queues.", _obj(queues={"type": "array", "items": _obj(
-                        queue=_STR, ready=_INT, waiting=_INT, oldest_ready_age_s={"type": "number"})},
+                    "responses": _ok("Queues.", obj(queues={"type": "array", "items": obj(
+                        queue=STR, namespace=STR, ready=INT, waiting=INT, oldest_ready_age_s={"type": "number"})},
                         truncated={"type": "boolean"}))}},
         "/v1/audit": {
             "get": {"summary": "Who changed what, when (admin scope); newest first", "tags": ["operations"],
-                    "parameters": [LIMIT, CURSOR],
-                    "responses": _ok("Audit records.", _obj(records={"type": "array", "items": _obj(
-                        at=_TIME, who=_STR, what=_STR, via=_STR, outcome=_STR, raft_index=_INT)},
-                        next_cursor=_STR))}},
-        "/ui": {
-            "get": {"summary": "The web dashboard (HTML)", "tags": ["operations"],
-                    "responses": {"200": {"description": "HTML page."}}}},
+                    "parameters": [page_size, AUDIT_CURSOR],
+                    "responses": _ok("Audit records.", obj(records={"type": "array", "items": obj(
+                        at=TIME, who=STR, what=STR, via=STR, outcome=STR, raft_index=INT)},
+                        next_cursor=nullable(STR)))}},
+        "/ui": {"get": {"summary": "The web dashboard (HTML)", "tags": ["operations"], "responses": _ok("HTML page.")}},
         "/v1/openapi.json": {
-            "get": {"summary": "This document", "tags": ["operations"], "responses": _ok("OpenAPI 3.1.")}},
+            "get": {"summary": "This document", "tags": ["operations"],
+                    "responses": _ok("OpenAPI 3.1.", {"type": "object"})}},
         "/metrics": {
             "get": {"summary": "Prometheus metrics", "tags": ["operations"],
-                    "responses": {"200": {"description": "Prometheus text format."}}}},
+                    "responses": _ok("Prometheus text format.")}},
         "/healthz": {
-            "get": {"summary": "The process answers", "tags": ["operations"], "responses": _ok("Alive.")}},
+            "get": {"summary": "The process answers", "tags": ["operations"],
+                    "responses": _ok("Alive.", obj(ok={"type": "boolean"}))}},
         "/readyz": {
             "get": {"summary": "Every group has a leader and this node has caught up", "tags": ["operations"],
-                    "responses": _ok("Ready.")}},
+                    "responses": _ok("Ready.", obj(ok={"type": "boolean"}))}},
     }
 
 
-def document(version: str) -> dict[str, Any]:
-    paths = operations()
-    namespace = _param("X-Namespace", "header", {"type": "string", "default": "default"},
-                       "Namespace of the jobs, runs and queues the call is about.")
+def document(version: str, limits: Limits, tokens: bool) -> dict[str, Any]:
+    """The document of a node, with tokens (`--tokens-file`) or open: a route that needs
+    no token says `security: []`, the others the bearer scheme; an open node needs none."""
+    paths = operations(limits)
+    namespace = _param("X-Namespace", "header", NAMESPACE, "Namespace of the jobs, runs and queues the call is about.")
     for path, ops in paths.items():
-        if path.startswith(("/v1/jobs", "/v1/runs", "/v1/tasks", "/v1/dead-letter")):
-            for op in ops.values():
+        for method, op in ops.items():
+            if path.startswith(("/v1/jobs", "/v1/runs", "/v1/tasks", "/v1/dead-letter")):
                 op["parameters"] = [*op.get("parameters", []), namespace]
-    return {"openapi": "3.1.0",
-            "info": {"title": "schedulerd", "version": version,
-                     "description": "Distributed job scheduler: jobs, runs, workers (long-poll leasing), operations."},
-            "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
-            "security": [{"bearer": []}],
-            "paths": paths}
+            if path in _TEXT_ANSWERS:
+                op["responses"]["200"]["content"] = {_TEXT_ANSWERS[path]: {"schema": STR}}
+            if tokens and auth.required_scopes(method.upper(), path) is None:
+                op["security"] = []
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "schedulerd", "version": version,
+                 "description": "Distributed job scheduler: jobs, runs, workers (long-poll leasing), operations."},
+        "paths": paths}
+    if tokens:
+        doc["components"] = {"securitySchemes": {"bearer": {
+            "type": "http", "scheme": "bearer", "description": "A token from `schedulerd token create`."}}}
+        doc["security"] = [{"bearer": []}]
+    return doc

@@ -9,9 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
+from schedulerd.exposure import require_json
 from schedulerd.errors import InvalidRequest, LimitExceeded, SlowRequest, TooLarge
 from schedulerd.limits import Limits
-from schedulerd.strict_json import parse_json
+from schedulerd.strict_json import integral, parse_json
 
 
 LIMITS = web.AppKey("limits", Limits)
@@ -22,6 +23,7 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 async def body(request: web.Request) -> dict[str, Any]:
     """The JSON object of the request; a client that dribbles it slower than body_read_s_max gets 408."""
+    require_json(request)
     read_s_max = request.app.get(LIMITS, Limits()).body_read_s_max
     try:
         raw = await asyncio.wait_for(request.read(), read_s_max)
@@ -45,8 +47,8 @@ def string(data: dict[str, Any], name: str, *, max_len: int = 256, default: str 
 
 def integer(data: dict[str, Any], name: str, *, low: int, high: int, default: int | None = None,
             limit_name: str | None = None) -> int:
-    value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int):
+    value = integral(data.get(name, default))
+    if value is None:
         raise InvalidRequest(f"{name} must be an integer")
     if not low <= value <= high:
         if limit_name and value > high:

@@ -6,7 +6,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd import jobspec, request as req, views
+from schedulerd import jobspec, request as req, targets, views
 from schedulerd.coalescer import Coalescer
 from raft.group import Group
 from schedulerd import namespaces
@@ -38,6 +38,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         namespace = namespaces.of_request(request)
         spec = _in_namespace(namespace, jobspec.parse_job(await req.body(request), now, limits,
                                                           request.headers.get("Idempotency-Key")))
+        targets.check_destination(spec.get("target"), cfg.destinations)
         spec["audit"] = audit_note(request, f"create job {spec['job_id']}")
         (result,) = await _create(node, creates, [spec])
         if not result["ok"]:
@@ -55,6 +56,7 @@ def routes(node: Node) -> list[web.RouteDef]:
             raise InvalidRequest("nothing to update: send at least one field")
         current = _job_record(node, job_id)
         changes = jobspec.parse_options(raw, node.now_us(), limits, backoff_base=current["backoff"])
+        targets.check_destination(changes.get("target"), cfg.destinations)
         jobspec.check_together({**current, **changes})
         if "queue" in changes:
             changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
@@ -115,6 +117,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         for position, job in enumerate(raw):
             try:
                 specs.append(_in_namespace(namespace, jobspec.parse_job(job, now, limits)))
+                targets.check_destination(specs[-1].get("target"), cfg.destinations)
             except SchedulerError as exc:
                 # The whole batch is refused; say which job, so a file import can point at it.
                 named = f" (job_id {job.get('job_id')!r})" if isinstance(job, dict) and job.get("job_id") else ""
@@ -223,7 +226,11 @@ def _job_id(request: web.Request) -> str:
 
 def _queue_filter(request: web.Request) -> str | None:
     queue = request.query.get("queue")
-    return None if queue is None else namespaces.inside(namespaces.of_request(request), queue)
+    if queue is None:
+        return None
+    if not jobspec.QUEUE_RE.match(queue):
+        raise InvalidRequest("queue must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    return namespaces.inside(namespaces.of_request(request), queue)
 
 
 def _in_namespace(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -114,10 +114,10 @@ def _mine(node: Node, request: web.Request, items: list[tuple[Any, ...]]) -> lis
     """The items (run id first) with the run id of any run outside the request's namespace
     replaced by one that does not exist: the caller hears not_found, as for a wrong guess.
     A token for every namespace skips the reads: it could act in any of them anyway."""
+    namespace = namespaces.of_request(request)  # read first: a malformed header is refused on every path
     principal = request.get(auth.PRINCIPAL)
     if not isinstance(principal, auth.Principal) or auth.ALL_NAMESPACES in principal.namespaces:
         return items
-    namespace = namespaces.of_request(request)
     out = []
     for item in items:
         group = node.group_of_run(item[0])

@@ -54,3 +54,15 @@ def parse_json(raw: bytes | str) -> Any:
     if _SURROGATE_ESCAPE.search(raw if isinstance(raw, bytes) else raw.encode()) and _has_lone_surrogate(data):
         raise ValueError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text")
     return data
+
+
+def integral(value: Any) -> int | None:
+    """The integer a JSON number stands for, None for anything else: 3.0 is 3, as JSON
+    Schema's `integer` says (a generated client may send it so); 3.5, true and "3" are not."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None

@@ -12,6 +12,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from schedulerd.destinations import DestinationPolicy
 from schedulerd.errors import InvalidJob, TooLarge
 from schedulerd.limits import Limits
 
@@ -20,7 +21,10 @@ URL_CHARS_MAX = 2048
 HEADERS_MAX = 32
 HEADER_CHARS_MAX = 1024
 TIMEOUT_S_MAX = 3600
-_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}\Z")
+URL_PATTERN = "^[hH][tT][tT][pP][sS]?://[!-~]+$"
+_URL = re.compile(URL_PATTERN.removesuffix("$") + r"\Z")
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"
+_HEADER_NAME = re.compile(HEADER_NAME_PATTERN.removesuffix("$") + r"\Z")
 # Set by the executor: a job may not override the key the handler dedupes on.
 RESERVED_HEADERS = frozenset({"idempotency-key", "content-length", "host", "transfer-encoding"})
 
@@ -39,8 +43,10 @@ def parse_target(raw: Any, limits: Limits) -> dict[str, Any] | None:
         parts = urlsplit(url) if isinstance(url, str) else None
     except ValueError:  # "http://[": an unclosed IPv6 bracket
         parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or len(url) > URL_CHARS_MAX:
-        raise InvalidJob(f"target.url must be an http:// or https:// URL of at most {URL_CHARS_MAX} characters")
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or len(url) > URL_CHARS_MAX \
+            or not _URL.match(url):
+        raise InvalidJob(f"target.url must be an http:// or https:// URL of at most {URL_CHARS_MAX} printable "
+                         "ASCII characters (percent-encode others; an international name in punycode)")
     method = raw.get("method", "POST")
     if method not in METHODS:
         raise InvalidJob(f"target.method must be one of {', '.join(METHODS)}")
@@ -60,6 +66,16 @@ def parse_target(raw: Any, limits: Limits) -> dict[str, Any] | None:
             raise InvalidJob(f"target.timeout_s must be a number of seconds in (0, {TIMEOUT_S_MAX}]")
         target["timeout_s"] = float(timeout)
     return target
+
+
+def check_destination(target: dict[str, Any] | None, policy: DestinationPolicy) -> None:
+    """Refuse a parsed target whose URL names a refused destination literally (the
+    executor checks the addresses a name resolves to when it calls)."""
+    if target is None:
+        return
+    reason = policy.refusal(urlsplit(target["url"]).hostname or "")
+    if reason is not None:
+        raise InvalidJob(f"target.url: {reason}; the node's --target-allow opens it on purpose")
 
 
 def _headers(raw: Any) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium against a running 3-node cluster:
-a job made through the API shows with its runs, a dead letter is re-driven with
-its button and runs. A screenshot is kept as a test artifact
+a job made through the API shows with its runs, its pause, resume and trigger
+buttons work from the node's own origin, a dead letter is re-driven with its
+button and runs, and a page of another origin cannot change anything. A screenshot is kept as a test artifact
 (test-artifacts/dashboard.png, or $SCHEDULERD_TEST_ARTIFACTS)."""
 from __future__ import annotations
 
@@ -84,6 +85,16 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
         fires = browser.run_js("return document.getElementById('detail-fields').textContent")
         assert "next fire times" in fires
 
+        # The page's own buttons change things: Chromium sends its Origin and Sec-Fetch-Site, the node's own.
+        browser.click("#pause")
+        wait_until(lambda: leader.get("/v1/jobs/hourly-sync")[1]["state"] == "paused", 10, "a pause from the page")
+        browser.click("#resume")
+        wait_until(lambda: leader.get("/v1/jobs/hourly-sync")[1]["state"] == "scheduled", 10,
+                   "a resume from the page")
+        browser.click("#trigger")
+        wait_until(lambda: any(r["trigger"] for r in leader.get("/v1/jobs/hourly-sync/runs")[1]["runs"]), 10,
+                   "a triggered run from the page")
+
         card_declined.clear()
         browser.click('#jobs tr[data-job-id="charge-card"]')
         browser.click(f'button.redrive[data-run-id="{dead[0]}"]')
@@ -94,6 +105,21 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
             "return document.querySelectorAll('#dead-letters tr[data-run-id]').length") == 0, 10,
             "the dead-letter list to empty")
         assert leader.get(f"/v1/runs/{dead[0]}")[1]["state"] == "succeeded"
+
+        # A page of another origin (node 2's) posting to node 0 as a forging page would: text/plain,
+        # no preflight. The browser sends it; the node refuses it and nothing changes.
+        browser.open(f"{cluster.nodes[2].url}/ui")
+        outcome = browser.run_js(
+            "return Promise.all(arguments[0].map(([path, body]) => fetch(arguments[1] + path, {method: 'POST', "
+            "mode: 'no-cors', headers: {'Content-Type': 'text/plain'}, body: body}).then(() => 'sent', () => 'failed')))",
+            [["/v1/jobs", '{"job_id": "forged", "schedule": {"every": "1h"}}'],
+             ["/v1/jobs/hourly-sync/pause", "{}"]], cluster.nodes[0].url)
+        assert outcome == ["sent", "sent"]
+        assert leader.get("/v1/jobs/forged")[0] == 404
+        assert leader.get("/v1/jobs/hourly-sync")[1]["state"] == "scheduled"
+        browser.open(f"{cluster.nodes[1].url}/ui")
+        wait_until(lambda: browser.run_js("return document.querySelectorAll('#jobs tr[data-job-id]').length") == 3,
+                   15, "the jobs table again")
 
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shot = ARTIFACTS / "dashboard.png"

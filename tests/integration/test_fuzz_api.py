@@ -80,7 +80,7 @@ QUERIES = st.dictionaries(st.sampled_from(["limit", "cursor", "state", "queue", 
 HEADERS = st.dictionaries(st.sampled_from(["Content-Type", "Idempotency-Key", "Authorization", "X-Junk"]),
                           st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=300),
                           max_size=3)
-ROUTES = sorted((method.upper(), path) for path, ops in openapi.operations().items() for method in ops)
+ROUTES = sorted((method.upper(), path) for path, ops in openapi.operations(Limits()).items() for method in ops)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_a_client_that_dribbles_its_body_gets_408_and_the_limit_named(live: Any)
 
     async def slow() -> bytes:
         reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
-        writer.write(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        writer.write(b"POST /v1/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{")
         await writer.drain()
         answer = await reader.read(4096)
@@ -185,7 +185,7 @@ def test_a_client_that_dribbles_its_headers_is_disconnected_at_header_read_s_max
     async def dribble() -> tuple[float, bytes]:
         reader, writer = await asyncio.open_connection(server.host, server.port)
         started = loop.time()
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
         read = asyncio.ensure_future(reader.read(4096))
         while not read.done():  # one more header byte every 50 ms: the deadline is not reset by traffic
             writer.write(b"X")
@@ -220,10 +220,10 @@ def test_a_silent_connection_is_closed_and_a_long_poll_outlasts_header_read_s_ma
             length = int(re.search(rb"Content-Length: (\d+)", head, re.I).group(1))
             return head + await reader.readexactly(length)
 
-        polled = await ask(b"POST /v1/tasks/poll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        polled = await ask(b"POST /v1/tasks/poll HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         await asyncio.sleep(HEADER_READ_S / 3)  # idle, within the limit: the connection is still open
-        health = await ask(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        health = await ask(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         writer.close()
         return polled, health
 
@@ -255,7 +255,8 @@ def test_what_a_caller_did_not_mean_is_refused_not_guessed(live: Any) -> None:
     loop, client, node = live
 
     async def send(method: str, path: str, data: bytes | None = None) -> tuple[int, dict]:
-        resp = await client.request(method, path, data=data)
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        resp = await client.request(method, path, data=data, headers=headers)
         return resp.status, await resp.json()
 
     def refused(method: str, path: str, data: bytes | None = None) -> str:

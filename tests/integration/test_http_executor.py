@@ -72,7 +72,7 @@ def _soon() -> str:
 
 
 def test_http_worker_acks_retries_dead_letters_and_sends_the_idempotency_key(make_cluster) -> None:
-    cluster = make_cluster(1)
+    cluster = make_cluster(1, ["--target-allow", "127.0.0.0/8"])  # the target service is on loopback
     node = cluster.nodes[0]
     with TargetService() as service:
         jobs = {
@@ -93,7 +93,8 @@ def test_http_worker_acks_retries_dead_letters_and_sends_the_idempotency_key(mak
 
         worker = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "--server", node.url, "worker", "http", "--queue", "hooks",
-             "--concurrency", "4"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+             "--concurrency", "4", "--allow-private-targets"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             def states() -> dict[str, str]:
@@ -131,3 +132,37 @@ def test_http_worker_acks_retries_dead_letters_and_sends_the_idempotency_key(mak
         assert [c["key"] for c in service.calls["ok"]] == [f"ok:{ok['scheduled_time']}"]
         # Keep-alive: the pool reused connections instead of opening one per call.
         assert len(service.peers) < sum(len(c) for c in service.calls.values())
+
+
+def test_loopback_targets_are_refused_by_the_node_and_by_the_executor(make_cluster) -> None:
+    """The node refuses a metadata target at create; with loopback opened on the node, the
+    executor still refuses to call it (it judges the address it would connect to), nacks
+    with the rule, and the service is never called."""
+    with TargetService() as service:
+        opened = make_cluster(1, ["--target-allow", "127.0.0.0/8,localhost"]).nodes[0]
+        status, body = opened.post("/v1/jobs:batch", {"jobs": [
+            {"job_id": "fine", "schedule": {"every": "1h"}},
+            {"job_id": "meta", "schedule": {"every": "1h"},
+             "target": {"kind": "http", "url": "http://169.254.169.254/latest/meta-data/"}}]})
+        assert status == 400 and body["error"]["message"].startswith("jobs[1] (job_id 'meta'): target.url")
+        assert "169.254.0.0/16" in body["error"]["message"] and "--target-allow" in body["error"]["message"]
+        assert opened.get("/v1/jobs/fine")[0] == 404, "a refused batch creates nothing"
+
+        urls = {"literal": f"{service.url}/literal", "name": service.url.replace("127.0.0.1", "localhost") + "/name"}
+        for job_id, url in urls.items():
+            status, body = opened.post("/v1/jobs", {"job_id": job_id, "schedule": {"at": _soon()}, "queue": "hooks",
+                                                    "max_attempts": 1, "target": {"kind": "http", "url": url}})
+            assert status == 201, body
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "--server", opened.url, "worker", "http", "--queue", "hooks"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            wait_until(lambda: all(opened.get(f"/v1/jobs/{j}/runs")[1]["runs"][0]["state"] == "dead_letter"
+                                   for j in urls), 30, "both runs to be refused and dead-lettered")
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.communicate(timeout=20)
+        for job_id, rule in (("literal", "127.0.0.0/8"), ("name", "localhost")):
+            error = opened.get(f"/v1/jobs/{job_id}/runs")[1]["runs"][0]["error"]
+            assert f"refused destination {rule} " in error and "--allow-private-targets" in error, error
+        assert dict(service.calls) == {}, "nothing reached the service"

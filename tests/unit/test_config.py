@@ -89,3 +89,12 @@ def test_a_relative_snapshot_stage_dir_is_refused() -> None:
     with pytest.raises(ValueError, match="snapshot_stage_dir must be an absolute path, or None"):
         RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", snapshot_stage_dir="shm").validate()
     RaftConfig(self_addr="127.0.0.1:7000", data_dir="/tmp/x", snapshot_stage_dir=None).validate()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (["nope=1"], "NAME one of"), (["page_size_max"], "expected NAME=VALUE"),
+    (["page_size_max=ten"], "expected an integer"), (["long_poll_s_max=x"], "expected a number"),
+])
+def test_a_bad_limit_setting_names_what_is_allowed(settings: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Limits().overridden(settings)

@@ -75,3 +75,12 @@ def test_jitter_reaching_the_starting_deadline_is_refused() -> None:
         parse_job({"schedule": {"every": "1h"}, "jitter_s": 60, "starting_deadline_s": 60}, NOW, Limits())
     parse_job({"schedule": {"every": "1h"}, "jitter_s": 59, "starting_deadline_s": 60}, NOW, Limits())
     parse_job({"schedule": {"every": "1h"}, "jitter_s": 600}, NOW, Limits())
+
+
+def test_one_idempotency_key_per_request() -> None:
+    job = {"schedule": {"every": "1h"}, "idempotency_key": "from-body"}
+    with pytest.raises(InvalidJob, match=r"header \('from-header'\) and the body's idempotency_key \('from-body'\)"):
+        parse_job(job, NOW, Limits(), idempotency_key="from-header")
+    assert parse_job(job, NOW, Limits(), idempotency_key="from-body")["idempotency_key"] == "from-body"
+    assert parse_job({"schedule": {"every": "1h"}}, NOW, Limits(), idempotency_key="k")["idempotency_key"] == "k"
+    assert parse_job(job, NOW, Limits())["idempotency_key"] == "from-body"

@@ -12,11 +12,14 @@ from schedulerd import api, openapi, routes_preview
 from schedulerd.errors import InvalidJob
 from schedulerd.jobspec import CREATE_FIELDS, OPTION_FIELDS, RANGES, parse_options
 from schedulerd.limits import Limits
+from schedulerd.openapi_schemas import job_create, job_patch
 
 
 def stub_node() -> SimpleNamespace:
     """Enough of a Node to build the app; no request in these tests reaches Raft."""
-    return SimpleNamespace(config=SimpleNamespace(limits=Limits(), lease_s=30.0), groups=[], applied_listeners=[],
+    return SimpleNamespace(config=SimpleNamespace(limits=Limits(), lease_s=30.0, http_host="127.0.0.1",
+                                                  allowed_hosts=(), allowed_origins=()),
+                           groups=[], applied_listeners=[],
                            propose=None, clock=None)
 
 
@@ -27,23 +30,23 @@ def served_routes() -> set[tuple[str, str]]:
 
 
 def test_every_served_route_is_described_and_nothing_else() -> None:
-    described = {(method, path) for path, ops in openapi.operations().items() for method in ops}
+    described = {(method, path) for path, ops in openapi.operations(Limits()).items() for method in ops}
     assert served_routes() - described == set(), "routes without an OpenAPI description"
     assert described - served_routes() == set(), "described routes the app does not serve"
 
 
 def test_job_schemas_are_built_from_jobspec_fields() -> None:
-    assert set(openapi.JOB_CREATE["properties"]) == CREATE_FIELDS
-    assert set(openapi.JOB_PATCH["properties"]) == OPTION_FIELDS
+    assert set(job_create(Limits())["properties"]) == CREATE_FIELDS
+    assert set(job_patch(Limits())["properties"]) == OPTION_FIELDS
 
 
 def test_preview_parameters_are_the_ones_the_handler_accepts() -> None:
-    params = openapi.operations()["/v1/preview"]["get"]["parameters"]
+    params = openapi.operations(Limits())["/v1/preview"]["get"]["parameters"]
     assert {p["name"] for p in params} == routes_preview.QUERY_PARAMS
 
 
 def test_path_parameters_match_the_placeholders() -> None:
-    for path, ops in openapi.operations().items():
+    for path, ops in openapi.operations(Limits()).items():
         for method, op in ops.items():
             in_path = {p["name"] for p in op.get("parameters", []) if p["in"] == "path"}
             placeholders = {part[1:-1] for part in path.split("/") if part.startswith("{")}
@@ -64,7 +67,7 @@ def test_the_document_is_served() -> None:
 
 def _option_schema(option: str) -> dict:
     name, _, part = option.partition(".")
-    schema = openapi.JOB_CREATE["properties"][name]
+    schema = job_create(Limits())["properties"][name]
     return schema["properties"][part] if part else schema
 
 
@@ -87,3 +90,15 @@ def test_each_numeric_option_is_described_with_the_range_the_api_allows(option: 
     for outside in (low - 1, high + 1):
         with pytest.raises(InvalidJob):
             parse_options(_raw(option, outside), 0, Limits())
+
+
+def test_the_document_follows_the_nodes_limits_and_tokens() -> None:
+    limits = Limits().overridden(["long_poll_s_max=2", "page_size_max=50"])
+    doc = openapi.document("1", limits, tokens=True)
+    poll = doc["paths"]["/v1/tasks/poll"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert poll["properties"]["wait_s"]["maximum"] == 2
+    assert doc["security"] == [{"bearer": []}] and doc["paths"]["/healthz"]["get"]["security"] == []
+    assert "security" not in doc["paths"]["/v1/jobs"]["get"], "the document's bearer scheme applies"
+    open_doc = openapi.document("1", Limits(), tokens=False)
+    assert "security" not in open_doc and "components" not in open_doc
+

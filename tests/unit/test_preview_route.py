@@ -27,7 +27,9 @@ class FixedClock:
 
 def stub_node(now: str = NOW) -> SimpleNamespace:
     clock = FixedClock(now)
-    return SimpleNamespace(clock=clock, now_us=clock.now_us, config=SimpleNamespace(limits=Limits(), lease_s=30.0), propose=None,
+    config = SimpleNamespace(limits=Limits(), lease_s=30.0, http_host="127.0.0.1", allowed_hosts=(),
+                             allowed_origins=())
+    return SimpleNamespace(clock=clock, now_us=clock.now_us, config=config, propose=None,
                            groups=[], applied_listeners=[])
 
 

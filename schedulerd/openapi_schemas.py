@@ -1,0 +1,174 @@
+"""The JSON Schemas of the OpenAPI document: what each request may hold, as the
+handlers check it, and what each answer holds, nulls included.
+
+A schema says what the server does, exactly where JSON Schema can say it
+(patterns, lengths, ranges, enums) and more loosely where it cannot (whether a
+cron expression ever fires, a duration's total): the server never refuses a
+request outside such a field's stated bounds for a reason the schema could have
+stated."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from schedulerd import jobspec, namespaces, targets
+from schedulerd.limits import Limits
+from schedulerd.node import RUN_ID_RE
+from storage.model import JobState, MisfirePolicy, OverlapPolicy, RunState
+
+Schema = dict[str, Any]
+
+
+def pattern(regex: re.Pattern[str]) -> str:
+    """A Python regex the server fullmatches, as an anchored ECMA-262 pattern."""
+    body = regex.pattern.removeprefix("^").removesuffix(r"\Z")
+    return f"^{body}$"
+
+
+def nullable(schema: Schema) -> Schema:
+    kind = schema.get("type")
+    if kind is None:
+        return {"anyOf": [schema, {"type": "null"}]}
+    kinds = kind if isinstance(kind, list) else [kind]
+    return {**schema, "type": [*kinds, "null"]}
+
+
+def _any_case(word: str) -> str:
+    """A pattern matching word in any letter case (ECMA-262 has no inline (?i))."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+STR: Schema = {"type": "string"}
+INT: Schema = {"type": "integer"}
+TIME: Schema = {"type": "string", "format": "date-time", "description": "ISO 8601 with Z or an offset"}
+JOB_ID: Schema = {"type": "string", "pattern": pattern(jobspec.ID_RE), "maxLength": 128}
+QUEUE: Schema = {"type": "string", "pattern": pattern(jobspec.QUEUE_RE), "maxLength": 64}
+RUN_ID: Schema = {"type": "string", "pattern": pattern(RUN_ID_RE)}
+NAMESPACE: Schema = {"type": "string", "pattern": pattern(namespaces.NAME_RE), "maxLength": 64,
+                     "default": namespaces.DEFAULT}
+WORKER_ID: Schema = {"type": "string", "minLength": 1, "maxLength": 128}
+FENCE: Schema = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+IDEMPOTENCY_KEY: Schema = {"type": "string", "minLength": 1, "maxLength": jobspec.IDEMPOTENCY_KEY_CHARS_MAX}
+DURATION: Schema = {"type": "string", "pattern": "^([0-9]{1,12}(ms|s|m|h|d))+$",
+                    "examples": ["250ms", "90s", "1h30m"],
+                    "description": "units ms s m h d; in total from 1s to 366d"}
+TIMEZONE: Schema = {"type": "string", "examples": ["Europe/Berlin", "UTC"], "description": "An IANA zone name"}
+
+TARGET: Schema = {
+    "type": ["object", "null"], "description": "Run by the built-in executor (schedctl worker http).",
+    "required": ["kind", "url"], "additionalProperties": False, "properties": {
+        "kind": {"const": "http"},
+        "url": {"type": "string", "pattern": targets.URL_PATTERN,
+                "maxLength": targets.URL_CHARS_MAX,
+                "description": "Loopback, link-local and cloud-metadata addresses are refused unless the "
+                               "node's --target-allow opens them."},
+        "method": {"enum": list(targets.METHODS), "default": "POST"},
+        "headers": {"type": "object", "maxProperties": targets.HEADERS_MAX,
+                    "propertyNames": {"pattern": targets.HEADER_NAME_PATTERN, "not": {"pattern": "^(" + "|".join(
+                        _any_case(name) for name in sorted(targets.RESERVED_HEADERS)) + ")$"}},
+                    "additionalProperties": {"type": "string", "maxLength": targets.HEADER_CHARS_MAX,
+                                             "pattern": "^[^\r\n]*$"}},
+        "body": {"type": ["string", "null"], "description": "Default: the job's payload as JSON."},
+        "timeout_s": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": targets.TIMEOUT_S_MAX}}}
+
+
+def _ranged(option: str, schema: Schema) -> Schema:
+    """A numeric option's schema with the range the API allows it (jobspec.RANGES)."""
+    low, high = jobspec.RANGES[option]
+    return {**schema, "minimum": low, "maximum": high}
+
+
+def _seconds(option: str, nullable_: bool = True) -> Schema:
+    return _ranged(option, {"type": ["number", "null"] if nullable_ else "number", "description": "seconds"})
+
+
+def cron(limits: Limits) -> Schema:
+    return {"type": "string", "minLength": 1, "maxLength": limits.cron_chars_max,
+            "examples": ["0 2 * * *", "*/15 9-17 * * 1-5"],
+            "description": "5 fields (minute hour day month weekday) or 6 (seconds first)"}
+
+
+def job_fields(limits: Limits) -> dict[str, Schema]:
+    schedule = {"description": "Exactly one of at, cron (+ timezone), every.", "oneOf": [
+        {"type": "object", "required": ["at"], "additionalProperties": False, "properties": {"at": TIME}},
+        {"type": "object", "required": ["cron"], "additionalProperties": False,
+         "properties": {"cron": cron(limits), "timezone": {**TIMEZONE, "default": "UTC"}}},
+        {"type": "object", "required": ["every"], "additionalProperties": False, "properties": {"every": DURATION}}]}
+    return {
+        "job_id": {**nullable(JOB_ID), "description": "Yours; generated when absent or null."},
+        "idempotency_key": {**IDEMPOTENCY_KEY, "description": "Same key + same body: 200 with the first job; "
+                                                             "different body: 409. Or the Idempotency-Key header."},
+        "schedule": schedule,
+        "queue": {**QUEUE, "default": "default"},
+        "payload": {"description": "Any JSON value, handed to the worker as is."},
+        "max_attempts": _ranged("max_attempts", {"type": "integer", "default": 3}),
+        "priority": _ranged("priority", {"type": "integer", "default": 0}),
+        "misfire_policy": {"enum": [p.value for p in MisfirePolicy], "default": MisfirePolicy.FIRE_ONCE.value},
+        "catchup_limit": _ranged("catchup_limit", {"type": "integer", "default": 100}),
+        "starting_deadline_s": _seconds("starting_deadline_s"),
+        "overlap_policy": {"enum": [p.value for p in OverlapPolicy], "default": OverlapPolicy.ALLOW.value},
+        "backoff": {"type": "object", "additionalProperties": False,
+                    "properties": {"base_ms": _ranged("backoff.base_ms", INT),
+                                   "factor": _ranged("backoff.factor", {"type": "number"}),
+                                   "max_ms": _ranged("backoff.max_ms", INT)}},
+        "timeout_s": _seconds("timeout_s"),
+        "jitter_s": _seconds("jitter_s", nullable_=False),
+        "history_limit": _ranged("history_limit", {"type": "integer", "default": 100}),
+        "target": TARGET,
+    }
+
+
+def job_create(limits: Limits) -> Schema:
+    fields = job_fields(limits)
+    return {"type": "object", "required": ["schedule"], "additionalProperties": False,
+            "properties": {name: fields[name] for name in sorted(jobspec.CREATE_FIELDS)}}
+
+
+def job_patch(limits: Limits) -> Schema:
+    fields = job_fields(limits)
+    return {"type": "object", "additionalProperties": False, "minProperties": 1,
+            "properties": {name: fields[name] for name in sorted(jobspec.OPTION_FIELDS)}}
+
+
+JOB: Schema = {"type": "object", "properties": {
+    "job_id": STR, "namespace": STR, "state": {"enum": [s.value for s in JobState]},
+    "schedule": {"type": "object"}, "queue": STR, "payload": {}, "max_attempts": INT, "priority": INT,
+    "misfire_policy": STR, "catchup_limit": INT, "starting_deadline_s": {"type": ["number", "null"]},
+    "overlap_policy": STR, "backoff": {"type": "object"}, "timeout_s": {"type": ["number", "null"]},
+    "jitter_s": {"type": "number"}, "history_limit": INT, "target": {"type": ["object", "null"]},
+    "idempotency_key": nullable(STR), "next_fire_time": nullable(TIME), "created_at": TIME, "updated_at": TIME}}
+RUN: Schema = {"type": "object", "properties": {
+    "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "state": {"enum": [s.value for s in RunState]},
+    "scheduled_time": TIME, "available_at": nullable(TIME), "attempt": INT, "max_attempts": INT,
+    "priority": INT, "fence": INT, "worker_id": nullable(STR), "lease_until": nullable(TIME),
+    "created_at": nullable(TIME), "finished_at": nullable(TIME), "result": {}, "error": nullable(STR),
+    "reason": nullable(STR), "trigger": {"type": "boolean"}, "skipped_count": INT, "skipped_until": nullable(TIME)}}
+TASK: Schema = {"type": "object", "properties": {
+    "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "scheduled_time": TIME, "attempt": INT,
+    "fence": INT, "idempotency_key": STR, "lease_until": TIME, "payload": {}, "target": {"type": ["object", "null"]},
+    "timeout_s": {"type": ["number", "null"]}}}
+ERROR: Schema = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["code", "message"], "properties": {"code": STR, "message": STR}}}}
+ITEM_RESULTS: Schema = {"type": "object", "properties": {"results": {"type": "array", "items": {
+    "type": "object", "properties": {"run_id": STR, "job_id": STR, "ok": {"type": "boolean"},
+                                     "lease_until": TIME, "job": JOB, "error": ERROR["properties"]["error"]}}}}}
+LEASE_ITEM: Schema = {"type": "object", "required": ["run_id", "fence"],
+                      "properties": {"run_id": {"type": "string", "minLength": 1, "maxLength": 256},
+                                     "fence": FENCE}}
+
+
+def obj(required: tuple[str, ...] = (), **props: Schema) -> Schema:
+    schema: Schema = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+def batch(name: str, item: Schema, max_items: int) -> Schema:
+    """A worker's batch request: its id and 1..max_items items."""
+    return obj(("worker_id", name), worker_id=WORKER_ID,
+               **{name: {"type": "array", "minItems": 1, "maxItems": max_items, "items": item}})
+
+
+def page(name: str, item: Schema) -> Schema:
+    return obj(**{name: {"type": "array", "items": item}}, next_cursor=nullable(STR))

@@ -1,0 +1,64 @@
+"""The OpenAPI document as a contract a generated client can trust: schemathesis,
+run as a user of API tooling would (every check, a fixed seed, a bounded number of
+examples per operation), against a live node, open and with tokens."""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.test_security import token
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES_PER_OPERATION = 30
+SEED = 44
+# Long polls would each hold a worker for long_poll_s_max when no task is due.
+NODE_ARGS = ["--limit", "long_poll_s_max=1"]
+# Every check runs (the CLI's --checks all would override these lines), except where one says why not.
+CONFIG = """
+[checks]
+enabled = true
+
+[checks.use_after_free]
+# DELETE /v1/jobs/{id} cancels: the job stays readable, in state cancelled, by design.
+enabled = false
+
+[[operations]]
+include-path = ["/v1/jobs", "/v1/jobs:batch", "/v1/jobs/{job_id}"]
+include-method = ["POST", "PATCH"]
+# A job's schedule and target are judged past what JSON Schema can state (does a cron expression
+# ever fire, 1s <= every <= 366d in total, the destination policy): schema-valid may still be 400.
+checks.positive_data_acceptance.enabled = false
+
+[[operations]]
+include-path = "/v1/preview"
+# cron and every are exclusive query parameters, which OpenAPI cannot state (and cron as above).
+checks.positive_data_acceptance.enabled = false
+"""
+
+
+def schemathesis(tmp_path: pathlib.Path, url: str, *extra: str) -> None:
+    st = shutil.which("schemathesis") or os.path.join(os.path.dirname(sys.executable), "schemathesis")
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(CONFIG)
+    args = [st, "--config-file", str(config), "--no-color", "run", f"{url}/v1/openapi.json", "--max-examples", str(EXAMPLES_PER_OPERATION), "--seed", str(SEED), "--workers", "1",
+            "--generation-database", "none", "--report-dir", str(tmp_path / "report"), *extra]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-20000:] + done.stderr[-5000:]
+
+
+def test_an_open_node_keeps_its_documented_contract(make_cluster, tmp_path: pathlib.Path) -> None:
+    node = make_cluster(1, NODE_ARGS).nodes[0]
+    schemathesis(tmp_path, node.url)
+
+
+def test_a_node_with_tokens_keeps_its_documented_contract(make_cluster, tmp_path: pathlib.Path) -> None:
+    tokens_file = tmp_path / "tokens.yaml"
+    admin = token(tokens_file, "api-tester", "admin")
+    node = make_cluster(1, [*NODE_ARGS, "--tokens-file", str(tokens_file)], token=admin).nodes[0]
+    schemathesis(tmp_path, node.url, "--header", f"Authorization: Bearer {admin}")
