@@ -154,15 +154,18 @@ def trigger(session: Session, job_id: str) -> None:
 
 @click.command()
 @click.argument("job_id")
+@click.option("--purge", is_flag=True,
+              help="Then delete the job and all its runs, dead letters included; its id may be created again.")
 @click.pass_obj
-def cancel(session: Session, job_id: str) -> None:
+def cancel(session: Session, job_id: str, purge: bool) -> None:
     """Cancel a job: no new runs; queued runs are cancelled.
 
     \b
-    Example:
+    Examples:
         schedctl cancel backup
+        schedctl cancel backup --purge
     """
-    session.show(session.client.cancel_job(job_id), format_fields)
+    session.show(session.client.cancel_job(job_id, purge=purge), format_fields)
 
 
 COMMANDS = (create, get, list_, update, pause, resume, trigger, cancel)

@@ -1,4 +1,4 @@
-"""`schedctl` commands on runs and schedules: runs, dead-letter list|retry, preview."""
+"""`schedctl` commands on runs and schedules: runs, dead-letter list|retry|discard, preview."""
 from __future__ import annotations
 
 import click
@@ -35,12 +35,13 @@ def runs(session: Session, job_id: str, limit: int, follow: bool, interval: floa
 
 @click.group("dead-letter", cls=OneLineGroup)
 def dead_letter() -> None:
-    """Runs that used up their attempts: list them, re-drive one.
+    """Runs that used up their attempts: list them, re-drive or discard one.
 
     \b
     Examples:
         schedctl dead-letter list --queue backups
         schedctl dead-letter retry 0-1234-0
+        schedctl dead-letter discard 0-1234-0
     """
 
 
@@ -73,6 +74,19 @@ def dead_letter_retry(session: Session, run_id: str) -> None:
         schedctl dead-letter retry 0-1234-0
     """
     session.show(session.client.retry_run(run_id), run_fields)
+
+
+@dead_letter.command("discard")
+@click.argument("run_id")
+@click.pass_obj
+def dead_letter_discard(session: Session, run_id: str) -> None:
+    """Delete a dead-lettered run: it leaves the list and its job's history.
+
+    \b
+    Example:
+        schedctl dead-letter discard 0-1234-0
+    """
+    session.show(session.client.discard_run(run_id), run_fields)
 
 
 @click.command()

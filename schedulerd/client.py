@@ -281,8 +281,15 @@ class Client:
                 raise SchedulerError(f"server returned the same cursor twice: {cursor!r}")
             cursor = next_cursor
 
-    def cancel_job(self, job_id: str) -> dict[str, Any]:
-        return self._request("DELETE", f"/v1/jobs/{_part(job_id)}")
+    def cancel_job(self, job_id: str, purge: bool = False) -> dict[str, Any]:
+        """Cancel a job (returns it); with purge, then delete it and its runs: returns
+        `{"job_id", "purged": true, "deleted_runs"}`, and the id may be created again."""
+        query = {"purge": "true"} if purge else None
+        return self._request("DELETE", f"/v1/jobs/{_part(job_id)}", query=query)
+
+    def discard_run(self, run_id: str) -> dict[str, Any]:
+        """Delete a dead letter: `{"run_id", "discarded": true, "run": run}` (the run as it was)."""
+        return self._request("DELETE", f"/v1/runs/{_part(run_id)}")
 
     def update_job(self, job_id: str, changes: Mapping[str, Any]) -> dict[str, Any]:
         """PATCH the fields in `changes` (any subset of a job's fields); returns the job.

@@ -46,6 +46,8 @@ class Limits:
     # Coalesced into one entry, an ack weighs one more per started ack_weight_bytes of
     # its result: an entry's results stay under ack_entry_weight_max * ack_weight_bytes.
     ack_weight_bytes: int = 1024
+    # Runs one purge entry deletes; a job with more is purged in several entries.
+    purge_runs_max: int = 1000
     # Expired leases requeued in one Raft entry.
     expire_batch_max: int = 500
     # Longest long-poll a worker may ask for, seconds.

@@ -44,7 +44,7 @@ class Metrics:
         r = self.registry
         self.runs = Counter("schedulerd_run_events", "Run events applied on this replica, by event "
                             "(claimed, leased, acked, nacked, retried, dead_lettered, lease_expired, "
-                            "cancelled, redriven).", ["event"], registry=r)
+                            "cancelled, redriven, purged, discarded).", ["event"], registry=r)
         self.skipped = Counter("schedulerd_runs_skipped", "Occurrences recorded as skipped instead of run, by "
                                "reason (misfire_skip, overlap, deadline, catchup_limit, paused, rescheduled).",
                                ["reason"], registry=r)
@@ -93,6 +93,10 @@ class Metrics:
             self.runs.labels("redriven").inc()
         elif op == Op.CANCEL_JOB and result.get("ok"):
             self.runs.labels("cancelled").inc(result["cancelled_runs"])
+        elif op == Op.PURGE_JOB and result.get("ok"):
+            self.runs.labels("purged").inc(result["deleted_runs"])
+        elif op == Op.DISCARD_RUN and result.get("ok"):
+            self.runs.labels("discarded").inc()
 
     def _count_failure(self, state: str) -> None:
         event = {RunState.RETRY_WAIT: "retried", RunState.DEAD_LETTER: "dead_lettered",

@@ -15,7 +15,7 @@ from schedulerd import lease_time
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.diskguard import DiskGuard
-from schedulerd.errors import OutcomeUnknown, Unavailable
+from schedulerd.errors import Conflict, OutcomeUnknown, Unavailable
 from storage import keys, ops
 from storage.db import Tables
 from storage.ops import Op
@@ -94,6 +94,14 @@ class Node:
     def read(self, group: Group) -> Iterator[tuple[lmdb.Transaction, Tables]]:
         with group.store.read() as txn:
             yield txn, group.store.tables
+
+    def require_entry_version(self, group: Group, since: int, what: str) -> None:
+        """Refuse a command the cluster cannot write yet: some voter still runs a build
+        that reads only older entries (a rolling upgrade not finished)."""
+        writes = group.versions.writes()
+        if writes < since:
+            raise Conflict(f"{what} needs every node to read entry version {since}; group {group.group_id} "
+                           f"writes {writes}: finish upgrading the other nodes first")
 
     async def propose(self, group: Group, op: Op, payload: dict[str, Any]) -> dict[str, Any]:
         """Commit one command through Raft and return its apply result on this node."""

@@ -83,8 +83,13 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                     "responses": _ok("The job.", JOB)},
             "patch": {"summary": "Change a job (runs already claimed keep theirs)", "tags": ["jobs"],
                       "parameters": [JOB_PARAM], "requestBody": _body(job_patch(limits)), "responses": _ok("The job.", JOB)},
-            "delete": {"summary": "Cancel a job: no new occurrences; queued runs cancelled", "tags": ["jobs"],
-                       "parameters": [JOB_PARAM], "responses": _ok("The job, cancelled.", JOB)}},
+            "delete": {"summary": "Cancel a job: no new occurrences; queued runs cancelled. With purge=true, "
+                                  "then delete it and its runs (its id may be created again)", "tags": ["jobs"],
+                       "parameters": [JOB_PARAM, _param("purge", "query", {"type": "string", "enum": ["true", "false"],
+                                                                         "default": "false"})],
+                       "responses": _ok("The job, cancelled; or, purged, what went.",
+                                        {"anyOf": [JOB, obj(job_id=STR, purged={"const": True},
+                                                            deleted_runs=INT)]})}},
         "/v1/jobs/{job_id}/pause": {
             "post": {"summary": "Pause a job", "tags": ["jobs"], "parameters": [JOB_PARAM],
                      "responses": _ok("The job.", JOB)}},
@@ -99,7 +104,10 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                     "parameters": [JOB_PARAM, page_size, RUNS_CURSOR], "responses": _ok("A page of runs.", runs_page)}},
         "/v1/runs/{run_id}": {
             "get": {"summary": "Get a run", "tags": ["runs"], "parameters": [RUN_PARAM],
-                    "responses": _ok("The run.", RUN)}},
+                    "responses": _ok("The run.", RUN)},
+            "delete": {"summary": "Discard a dead letter (409 for a run in any other state)", "tags": ["runs"],
+                       "parameters": [RUN_PARAM],
+                       "responses": _ok("The run as it was.", obj(run_id=STR, discarded={"const": True}, run=RUN))}},
         "/v1/runs/{run_id}/retry": {
             "post": {"summary": "Re-drive a dead letter (a fresh round of attempts)", "tags": ["runs"],
                      "parameters": [RUN_PARAM], "responses": _ok("The run, queued.", obj(run=RUN))}},

@@ -101,6 +101,14 @@ def query_int(request: web.Request, name: str, *, default: int, low: int, high: 
     return integer({name: value}, name, low=low, high=high, limit_name=limit_name)
 
 
+def query_bool(request: web.Request, name: str) -> bool:
+    """A flag in the query string: true or false (absent: false)."""
+    raw = request.query.get(name, "false")
+    if raw not in ("true", "false"):
+        raise InvalidRequest(f"query parameter {name} must be true or false, got {raw!r}")
+    return raw == "true"
+
+
 def fence(data: dict[str, Any]) -> int:
     return integer(data, "fence", low=0, high=2**63 - 1)
 

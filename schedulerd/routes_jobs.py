@@ -13,7 +13,7 @@ from schedulerd import namespaces
 from schedulerd.auth import audit_note, may_manage_jobs
 from schedulerd.errors import InvalidRequest, NotFound, SchedulerError, from_wire
 from schedulerd.node import RUN_ID_RE, Node
-from storage import queries
+from storage import ops, queries
 from storage.model import JobState
 from storage.ops import Op
 
@@ -175,9 +175,35 @@ def routes(node: Node) -> list[web.RouteDef]:
         return views.respond({"jobs": [views.job(j, shown) for j in jobs], "next_cursor": next_cursor})
 
     async def cancel(request: web.Request) -> web.Response:
+        """Cancel; with ?purge=true, then delete the job and its runs (its id is free again)."""
+        req.check_query(request, frozenset({"purge"}))
+        purge = req.query_bool(request, "purge")
         job_id = _job_id(request)
-        await _job_command(node, Op.CANCEL_JOB, job_id, {"audit": audit_note(request, f"cancel job {job_id}")})
-        return views.respond(_job_view(node, job_id))
+        if purge:
+            node.require_entry_version(node.group_of_job(job_id), ops.PURGE_SINCE, "a purge")
+        if not purge:
+            await _job_command(node, Op.CANCEL_JOB, job_id, {"audit": audit_note(request, f"cancel job {job_id}")})
+            return views.respond(_job_view(node, job_id))
+        state = _job_record(node, job_id)["state"]
+        if state != JobState.CANCELLED:
+            result = await node.propose(node.group_of_job(job_id), Op.CANCEL_JOB, {
+                "job_id": job_id, "audit": audit_note(request, f"cancel job {job_id}")})
+            # A completed job with nothing left to cancel is refused as a conflict: purge it as it is.
+            if not result["ok"] and not (state == JobState.COMPLETED and result["code"] == "conflict"):
+                raise from_wire(result["code"], result["message"])
+        deleted = await _purge(node, job_id, audit_note(request, f"purge job {job_id}"))
+        return views.respond({"job_id": namespaces.split(job_id)[1], "purged": True, "deleted_runs": deleted})
+
+    async def discard(request: web.Request) -> web.Response:
+        """Delete a dead letter: it leaves the dead-letter list and its job's history."""
+        run_id = request.match_info["run_id"]
+        group = _visible_run(node, request, run_id)[0]
+        node.require_entry_version(group, ops.PURGE_SINCE, "discarding a dead letter")
+        result = await node.propose(group, Op.DISCARD_RUN, {
+            "run_id": run_id, "audit": audit_note(request, f"discard dead letter {run_id}")})
+        if not result["ok"]:
+            raise from_wire(result["code"], result["message"])
+        return views.respond({"run_id": run_id, "discarded": True, "run": views.run(result["run"])})
 
     async def job_runs(request: web.Request) -> web.Response:
         req.check_query(request, req.PAGE_QUERY)
@@ -213,6 +239,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         web.post("/v1/runs/{run_id}/retry", redrive),
         web.get("/v1/jobs/{job_id}/runs", job_runs),
         web.get("/v1/runs/{run_id}", get_run),
+        web.delete("/v1/runs/{run_id}", discard),
     ]
 
 
@@ -266,6 +293,18 @@ async def _create(node: Node, creates: Coalescer, specs: list[dict[str, Any]]) -
         for position, r in zip(positions, results):
             out[position] = r
     return out
+
+
+async def _purge(node: Node, job_id: str, audit: dict[str, Any]) -> int:
+    """Propose purge entries until the job is gone (each deletes at most purge_runs_max
+    runs, and is audited); returns how many runs went."""
+    deleted = 0
+    while True:
+        result = await _job_command(node, Op.PURGE_JOB, job_id,
+                                    {"runs_max": node.config.limits.purge_runs_max, "audit": audit})
+        deleted += result["deleted_runs"]
+        if result["done"]:
+            return deleted
 
 
 async def _job_command(node: Node, op: Op, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import lmdb
 
-from storage import audit, claims, jobs, leases, ops, records
+from storage import audit, claims, jobs, leases, ops, records, retention
 from storage.db import Store, last_applied, set_last_applied
 from storage.ops import Op
 
@@ -41,6 +41,8 @@ HANDLERS: dict[Op, Handler] = {
     Op.TRIGGER_JOB: jobs.trigger_job,
     Op.REDRIVE_RUN: leases.redrive,
     Op.LEASE_READY: leases.lease_ready,
+    Op.PURGE_JOB: retention.purge_job,
+    Op.DISCARD_RUN: retention.discard_run,
 }
 
 ALREADY_APPLIED: dict[str, Any] = {"replayed": True}

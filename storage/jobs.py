@@ -99,6 +99,9 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         return _fail("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
         return {"ok": True, "cancelled_runs": 0}
+    if ctx.version >= ops.CANCEL_WITHDRAWS_SINCE:
+        # What was claimed ahead never came due: it leaves no cancelled run behind.
+        claims.withdraw_ahead(ctx, job, now)
     # Counted once: a one-off's counts are not stored, and each ask reads its runs.
     stats = records.job_stats(ctx, job_id)
     pending = _pending_runs(ctx, job_id, stats)

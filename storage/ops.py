@@ -14,8 +14,8 @@ from storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 10
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+VERSION = 11
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -65,6 +65,11 @@ OVERDUE_RECORDED_SINCE = 9
 # every replica writing the same bytes for an entry, and keeps array records out of
 # any store an older build reads (snapshots included) until every voter reads them.
 ARRAY_RECORDS_SINCE = 10
+# Since 11 (2026-12-06): a job that is completed or cancelled can be purged with its runs
+# (PURGE_JOB) and a dead letter discarded (DISCARD_RUN), so a job id can be created again;
+# and a cancel withdraws the runs claimed ahead of their time, as a pause does, instead of
+# recording them cancelled (claims.withdraw_ahead).
+PURGE_SINCE = CANCEL_WITHDRAWS_SINCE = 11
 
 
 class Op(IntEnum):
@@ -82,6 +87,8 @@ class Op(IntEnum):
     TRIGGER_JOB = 12
     REDRIVE_RUN = 13
     LEASE_READY = 14
+    PURGE_JOB = 15
+    DISCARD_RUN = 16
 
 
 class CorruptEntry(Exception):

@@ -70,9 +70,9 @@ def job_exists(ctx: Ctx, job_id: str) -> bool:
 
 
 def job_is_new(ctx: Ctx, job_id: str) -> None:
-    """A job this entry creates has no stored run counts: job records are never deleted,
-    so none can linger from an earlier job of the same id, and its runs' bookkeeping
-    need not look them up."""
+    """A job this entry creates has no stored run counts: a job's are deleted with it
+    (retention.purge_job), so none can linger from an earlier job of the same id, and its
+    runs' bookkeeping need not look them up."""
     ctx.stats[job_id] = None
 
 
@@ -90,6 +90,15 @@ def put_job(ctx: Ctx, job: Record, old_fire_us: int | None, was: str | None) -> 
     if job["next_fire_us"] is not None:
         ctx.txn.put(keys.due_key(shard, job["next_fire_us"], job_id), b"", True, True, False, ctx.tables.due)
     ctx.txn.put(keys.job_key(job_id), ctx.pack_job(job), True, True, False, ctx.tables.jobs)
+
+
+def remove_job(ctx: Ctx, job: Record) -> None:
+    """Delete a job record, its due-index entry, and its place in the count of jobs per state."""
+    job_id = job["job_id"]
+    if job["next_fire_us"] is not None:
+        ctx.txn.delete(keys.due_key(job["shard"], job["next_fire_us"], job_id), b"", ctx.tables.due)
+    ctx.state_counts[job["state"]] = ctx.state_counts.get(job["state"], 0) - 1
+    ctx.txn.delete(keys.job_key(job_id), b"", ctx.tables.jobs)
 
 
 def get_run(ctx: Ctx, run_id: str) -> Record | None:

@@ -137,6 +137,8 @@ class Model:
             return (False, "not_found", None), True
         if job["state"] == "cancelled":
             return (True, None, 0), True  # idempotent
+        if self.entry_version >= ops.CANCEL_WITHDRAWS_SINCE:
+            self._withdraw_ahead(job, cmd)
         pending = [r for r in self.job_runs(job["job_id"]) if r["state"] in PENDING]
         running = self.entry_version >= 7 and any(r["state"] == "running" for r in self.job_runs(job["job_id"]))
         if job["state"] == "completed" and not pending and not running:
@@ -383,6 +385,34 @@ class Model:
                 self.dead_head[job_id] = (run["scheduled_us"], behind)
             else:
                 head = False
+
+    def purge(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        """A completed or cancelled job with nothing waiting or running: up to runs_max of
+        its runs (oldest first) go per entry, then the job, and its id is free again."""
+        job = self.jobs.get(cmd["job_id"])
+        if job is None:
+            return (False, "not_found", None), True
+        runs = self.job_runs(job["job_id"])
+        if job["state"] not in ("completed", "cancelled") or any(r["state"] in PENDING | {"running"} for r in runs):
+            return (False, "conflict", None), True
+        for run in runs[:cmd["runs_max"]]:
+            del self.runs[run["run_id"]]
+        if len(runs) > cmd["runs_max"]:
+            return (True, None, False), False
+        del self.jobs[job["job_id"]]
+        self.stats_kept.discard(job["job_id"])
+        self.dead_head.pop(job["job_id"], None)
+        return (True, None, True), False
+
+    def discard(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        run = self.runs.get(cmd["run_id"])
+        if run is None:
+            return (False, "not_found"), True
+        if run["state"] != "dead_letter":
+            return (False, "conflict"), True
+        self._reopen_dead_head(run)
+        del self.runs[run["run_id"]]
+        return (True, None), False
 
     # -- leases ------------------------------------------------------------------------
 

@@ -423,10 +423,18 @@ def test_cancel_unknown_and_completed_jobs(d: Driver) -> None:
 
 
 def test_cancel_completed_one_off_with_queued_run_cancels_it(d: Driver) -> None:
+    """Its run came due: it is cancelled, and says so."""
     d.create("a", AT)
     (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["a", T0 + 10 * S]])["runs"]
     assert d.job("a")["state"] == JobState.COMPLETED
-    assert d.apply(Op.CANCEL_JOB, now=T0 + 9 * S, job_id="a") == {"ok": True, "cancelled_runs": 1}
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 11 * S, job_id="a") == {"ok": True, "cancelled_runs": 1}
+    assert d.run(run_id)["state"] == RunState.CANCELLED
+
+
+def test_before_version_11_a_cancel_records_runs_claimed_ahead_as_cancelled(d: Driver) -> None:
+    d.create("a", AT)
+    (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 9 * S, claims=[["a", T0 + 10 * S]])["runs"]
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 9 * S, job_id="a", version=10) == {"ok": True, "cancelled_runs": 1}
     assert d.run(run_id)["state"] == RunState.CANCELLED
 
 
@@ -514,7 +522,7 @@ def test_a_one_off_stores_no_run_counts_through_its_life(d: Driver) -> None:
 
 def test_a_cancel_finds_the_queued_run_of_a_one_off_without_stored_counts(d: Driver) -> None:
     (run_id,) = _create_claiming(d, "a", AT)["runs"]
-    assert d.apply(Op.CANCEL_JOB, now=T0 + 9 * S, job_id="a") == {"ok": True, "cancelled_runs": 1}
+    assert d.apply(Op.CANCEL_JOB, now=T0 + 11 * S, job_id="a") == {"ok": True, "cancelled_runs": 1}
     assert d.run(run_id)["state"] == RunState.CANCELLED and d.stored_stats("a") is None
 
 

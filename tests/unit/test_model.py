@@ -112,7 +112,7 @@ PICK = st.integers(0, 63)
 # keeps the rules it had: at 1 no withdrawal by pause or update and no deferred claims, before
 # 3 no claim in the creating entry, before 4 every job's run counts stored.
 COUNTS = ("pending", "running", "runs")  # of job_stats; the rest says where pruning starts
-VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 9, 8, 7, 6, 3, 2, 1])
+VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 10, 9, 8, 7, 6, 3, 2, 1])
 
 
 def resolve(schedule: tuple[str, int], now: int) -> Rec:
@@ -193,6 +193,8 @@ def normalize(op: Op, res: Rec) -> Any:
         return res["expired"], res["dead_letter"]
     if op == Op.CANCEL_JOB:
         return res["ok"], res.get("code"), res.get("cancelled_runs")
+    if op == Op.PURGE_JOB:
+        return res["ok"], res.get("code"), res.get("done")
     if op == Op.TRIGGER_JOB:
         return res["ok"], res.get("code"), res["run"]["run_id"] if res["ok"] else None
     return res["ok"], res.get("code")
@@ -244,9 +246,10 @@ def check_store(snap: Snapshot) -> None:
                 f"the rules see {job_id}'s counts as {snap.counts_asked[job_id]}, its runs say {counted}"
 
 
-def check_transitions(before: Snapshot, after: Snapshot, now: int | None) -> None:
+def check_transitions(before: Snapshot, after: Snapshot, now: int | None, op: Op) -> None:
     """Across one command: states move along the tables, fences and attempts only grow;
-    a run goes away only when it is finished or was claimed ahead of `now` and never started."""
+    a run goes away only when it is finished or was claimed ahead of `now` and never started
+    (or is a dead letter discarded); a job only when it is purged, finished."""
     for run_id, run in after.runs.items():
         old = before.runs.get(run_id)
         if old is None:
@@ -261,7 +264,8 @@ def check_transitions(before: Snapshot, after: Snapshot, now: int | None) -> Non
     for run_id, old in before.runs.items():
         if run_id not in after.runs:
             ahead = now is not None and old["scheduled_us"] > now and not old["trigger"]
-            assert old["state"] in TERMINAL or (ahead and old["state"] == "queued"), \
+            discarded = op in (Op.DISCARD_RUN, Op.PURGE_JOB) and old["state"] == "dead_letter"
+            assert old["state"] in TERMINAL or (ahead and old["state"] == "queued") or discarded, \
                 f"{run_id} deleted while {old['state']}"
             withdrew = withdrew or ahead
     for job_id, job in after.jobs.items():
@@ -273,7 +277,9 @@ def check_transitions(before: Snapshot, after: Snapshot, now: int | None) -> Non
             # A pause that withdraws a completed job's run claimed ahead re-arms it, then pauses it.
             two_steps = withdrew and move == ("completed", "paused")
             assert move[0] == move[1] or move in LEGAL_JOB or two_steps, f"job {job_id}: illegal {move[0]} -> {move[1]}"
-    assert before.jobs.keys() <= after.jobs.keys(), "a job disappeared"
+    for job_id in before.jobs.keys() - after.jobs.keys():
+        assert op == Op.PURGE_JOB and before.jobs[job_id]["state"] in ("completed", "cancelled"), \
+            f"job {job_id} disappeared while {before.jobs[job_id]['state']}"
 
 
 def check_model(model: Model, snap: Snapshot) -> None:
@@ -323,7 +329,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert state_digest(self.d) == before, f"{op.name} changed nothing per the model, but the store changed"
         snap = scan(self.d)
         check_store(snap)
-        check_transitions(self.snap, snap, payload.get("now"))
+        check_transitions(self.snap, snap, payload.get("now"), op)
         self.snap = snap
         self.model.settle(snap.runs)
         check_model(self.model, snap)
@@ -369,6 +375,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(job_id=st.sampled_from(TARGETS), version=VERSIONS)
     def cancel(self, job_id: str, version: int) -> None:
         self.propose(Op.CANCEL_JOB, self.model.cancel, version, now=self.now, job_id=job_id)
+
+    @rule(job_id=st.sampled_from(TARGETS), runs_max=st.integers(1, 3))
+    def purge(self, job_id: str, runs_max: int) -> None:
+        self.propose(Op.PURGE_JOB, self.model.purge, now=self.now, job_id=job_id, runs_max=runs_max)
+
+    @precondition(lambda self: self.model.runs)
+    @rule(i=PICK)
+    def discard(self, i: int) -> None:
+        """A dead letter when there is one, else any run (a conflict)."""
+        pool = self._run_ids(lambda r: r["state"] == "dead_letter") or self._run_ids()
+        self.propose(Op.DISCARD_RUN, self.model.discard, now=self.now, run_id=pool[i % len(pool)])
 
     @rule(job_id=st.sampled_from(TARGETS), version=VERSIONS)
     def pause(self, job_id: str, version: int) -> None:
