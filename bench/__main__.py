@@ -1,7 +1,8 @@
 """`python -m bench SCENARIO [options]`: schedulerd (3 nodes on 127.0.0.1, fsync on)
 side by side with APScheduler and Celery+Redis (`--peers apscheduler,celery`).
 
-Scenarios (issue 5): create, steady [--find-max], spike, recurring, scale, failover.
+Scenarios (issue 5): create, steady [--find-max], spike, recurring, scale, failover;
+retention (schedulerd only: store size and lateness with --finished-ttl).
 Defaults are small so a smoke run is quick; bench/README.md has the sizes the
 issue's targets are about. Every process a scenario starts is stopped before it
 returns, and every run is bounded in time.
@@ -19,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench import profile, scenarios, sd_scenarios
+from bench import profile, retention, scenarios, sd_scenarios
 from bench.common import WORKER_SLOTS, BenchError, uptime_line
 from bench.scenarios import Options
 from bench.speed import PROBE
@@ -95,6 +96,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--kill-after-s", type=float, default=8.0, help="seconds after the first due time")
     s.add_argument("--lead-s", type=float, default=5.0)
     s.add_argument("--drain-s", type=float, default=30.0)
+
+    s = sub.add_parser("retention", parents=[common],
+                       help="steady one-off jobs on nodes with --finished-ttl: store size, RSS, lateness (schedulerd)")
+    s.add_argument("--rate", type=float, default=2000.0, help="jobs due per second")
+    s.add_argument("--duration", type=float, default=600.0, help="seconds of due times")
+    s.add_argument("--finished-ttl", default="60s", metavar="DURATION",
+                   help="the nodes' --finished-ttl (e.g. 60s, 5m; 0: never delete)")
+    s.add_argument("--sample-s", type=float, default=30.0, help="sample every node this often")
+    s.add_argument("--tail-s", type=float, default=60.0,
+                   help="go on sampling this long after the run (last ack or drain deadline), with no load")
+    s.add_argument("--compare", action="store_true",
+                   help="then the same on a fresh cluster with --finished-ttl 0, side by side")
+    s.add_argument("--lead-s", type=float, default=5.0, help="each job is created this long before it is due")
+    s.add_argument("--drain-s", type=float, default=30.0, help="wait this long after the last due time")
     return p.parse_args(argv)
 
 
@@ -115,6 +130,9 @@ def run(a: argparse.Namespace, opts: Options) -> scenarios.Report:
                                                a.drain_s, a.side_by_side)
     if a.scenario == "scale":
         return sd_scenarios.scale(opts, a.live, a.baseline_live, a.rate, a.duration, a.lead_s, a.drain_s)
+    if a.scenario == "retention":
+        return retention.retention(opts, a.finished_ttl, a.rate, a.duration, a.lead_s, a.drain_s, a.sample_s,
+                                   a.tail_s, a.compare)
     return sd_scenarios.failover(opts, a.rate, a.duration, a.kill_after_s, a.lead_s, a.drain_s)
 
 

@@ -35,6 +35,7 @@ from storage.ops import Op
 S = 1_000_000
 T0 = 1_800_000_000 * S
 CREATE_BATCH, CLAIM_BATCH, LEASE_BATCH, ACK_BATCH = 100, 500, 100, 500
+FINISHED_TTL_US = int(NodeConfig.finished_ttl_s * S)
 LEAD_US = 5 * S  # each job is created this long before it is due (the steady bench's --lead-s)
 GRACE_US = 5 * S
 
@@ -80,11 +81,12 @@ def phases(replica: Replica, jobs: int, ahead_us: int, prefix: str = "bench",
 
     def create() -> None:
         for batch in _chunks(ids, CREATE_BATCH):
-            # The fields a request gives, as the API sends them (entry version 5).
+            # The fields a request gives, as the API sends them (entry version 5), with the
+            # node's --finished-ttl for every job of the entry (version 11).
             specs = [{"job_id": job_id, "schedule": {"kind": "at", "at_us": due}, "schedule_spec": {},
                       "queue": "bench", "payload_json": '{"n": 1}'} for job_id in batch]
             result = replica.apply(Op.CREATE_JOBS, {"now": due - LEAD_US, "jobs": specs, "grace_us": GRACE_US,
-                                                    "claim_ahead_us": ahead_us})
+                                                    "claim_ahead_us": ahead_us, "finished_ttl_us": FINISHED_TTL_US})
             run_ids.extend(result["runs"])
 
     def claim() -> None:

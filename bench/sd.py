@@ -49,6 +49,7 @@ class Node:
     data_dir: str
     log_path: str
     proc: subprocess.Popen | None = None
+    extra_args: tuple[str, ...] = ()  # more daemon flags, e.g. ("--finished-ttl", "60s")
 
     @property
     def url(self) -> str:
@@ -60,7 +61,8 @@ class Node:
 
     def start(self) -> None:
         args = [sys.executable, "-m", "schedulerd.main", "--data-dir", self.data_dir,
-                "--http", f"127.0.0.1:{self.http_port}", "--raft", self.raft_addr, "--peers", ",".join(self.peers)]
+                "--http", f"127.0.0.1:{self.http_port}", "--raft", self.raft_addr, "--peers", ",".join(self.peers),
+                *self.extra_args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          preexec_fn=die_with_parent)
@@ -100,12 +102,14 @@ class Node:
 
 
 class SdCluster:
-    def __init__(self, base_dir: str, n: int = 3) -> None:
+    def __init__(self, base_dir: str, n: int = 3, extra_args: tuple[str, ...] = ()) -> None:
+        """extra_args: daemon flags every node gets after the ones the cluster needs."""
         ports = free_ports(2 * n)
         raft = [f"127.0.0.1:{ports[n + i]}" for i in range(n)]
         self.base_dir = base_dir
         self.nodes = [Node(f"n{i}", ports[i], raft[i], [r for j, r in enumerate(raft) if j != i],
-                           os.path.join(base_dir, f"n{i}"), os.path.join(base_dir, f"n{i}.log"))
+                           os.path.join(base_dir, f"n{i}"), os.path.join(base_dir, f"n{i}.log"),
+                           extra_args=tuple(extra_args))
                       for i in range(n)]
 
     @property
@@ -144,11 +148,14 @@ class SdCluster:
 
 
 class WorkerFleet:
-    """`processes` worker processes of `concurrency` slots each, all polling every node."""
+    """`processes` worker processes of `concurrency` slots each, all polling every node.
+    A worker stops by itself after lifetime_s (None: bench.sdworker's default, 900 s)."""
 
-    def __init__(self, urls: list[str], out_dir: str, processes: int, concurrency: int) -> None:
+    def __init__(self, urls: list[str], out_dir: str, processes: int, concurrency: int,
+                 lifetime_s: float | None = None) -> None:
         self.urls, self.out_dir = urls, out_dir
         self.processes, self.concurrency = processes, concurrency
+        self.lifetime_s = lifetime_s
         self.procs: list[subprocess.Popen] = []
         self._offsets: dict[str, int] = {}
         self._ack_lines: dict[str, tuple[int, int]] = {}  # acks file -> (bytes counted, lines in them)
@@ -163,6 +170,8 @@ class WorkerFleet:
         for i in range(self.processes):
             args = [sys.executable, "-m", "bench.sdworker", "--servers", ",".join(self.urls), "--queue", QUEUE,
                     "--out", os.path.join(self.out_dir, f"w{i}"), "--concurrency", str(self.concurrency)]
+            if self.lifetime_s is not None:
+                args += ["--lifetime-s", f"{self.lifetime_s:g}"]
             with open(os.path.join(self.out_dir, f"w{i}.log"), "ab") as log:
                 self.procs.append(subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                                    preexec_fn=die_with_parent))
@@ -247,10 +256,14 @@ class SdSystem:
     name = "schedulerd"
     replicated = "3 replicas (Raft), journal fdatasync + LMDB sync on every node"
 
-    def __init__(self, run_dir: str, workers: int = 4, concurrency: int = WORKER_SLOTS, in_flight: int = 16) -> None:
+    def __init__(self, run_dir: str, workers: int = 4, concurrency: int = WORKER_SLOTS, in_flight: int = 16,
+                 node_args: tuple[str, ...] = (), worker_lifetime_s: float | None = None) -> None:
+        """node_args: extra daemon flags of every node; worker_lifetime_s: the workers'
+        --lifetime-s (None: their default, 900 s), for runs longer than that."""
         self.dir = os.path.join(run_dir, "schedulerd")
-        self.cluster = SdCluster(self.dir)
-        self.fleet = WorkerFleet(self.cluster.urls, os.path.join(self.dir, "workers"), workers, concurrency)
+        self.cluster = SdCluster(self.dir, extra_args=node_args)
+        self.fleet = WorkerFleet(self.cluster.urls, os.path.join(self.dir, "workers"), workers, concurrency,
+                                 worker_lifetime_s)
         self.in_flight = in_flight
 
     def pids(self) -> dict[str, list[int]]:

@@ -7,6 +7,7 @@ from raft.conf import RaftConfig
 from schedulerd import gctune
 from schedulerd.destinations import DestinationPolicy
 from schedulerd.exposure import ExposurePolicy
+from schedulerd.jobspec import TTL_S_MAX
 from schedulerd.limits import Limits
 
 
@@ -41,6 +42,14 @@ class NodeConfig:
     # An occurrence claimed more than this after its time was missed (no leader, cluster
     # down): its job's misfire_policy decides. Below it, a late occurrence just runs late.
     misfire_grace_s: float = 5.0
+    # A job's finished TTL when it names none (--finished-ttl): a finished one-off or a
+    # cancelled job goes this long after it finished, and a repeating job's runs this long
+    # after they ended. 0 keeps everything forever. Fixed into each job at its creation.
+    finished_ttl_s: float = 7 * 86_400.0
+    # Where the sweep writes what it deletes first (--archive-dir); None: no archive.
+    archive_dir: str | None = None
+    # How often the group leader sweeps expired jobs and runs.
+    sweep_interval_s: float = 1.0
     # How long a request waits for its entry to commit before answering 503.
     propose_timeout_s: float = 5.0
     # Container objects allocated (net) before the cyclic garbage collector's youngest
@@ -54,6 +63,10 @@ class NodeConfig:
         self.limits.validate()
         if not 1.0 <= self.lease_s <= 3600:
             raise ValueError("lease_s must be within 1..3600 seconds")
+        if not 0 <= self.finished_ttl_s <= TTL_S_MAX:
+            raise ValueError(f"finished_ttl_s must be within 0..{TTL_S_MAX} seconds (0: keep forever)")
+        if not 0.05 <= self.sweep_interval_s <= 60:
+            raise ValueError("sweep_interval_s must be within 0.05..60 seconds")
         if not 0 <= self.follower_lease_defer_s <= 1:
             raise ValueError("follower_lease_defer_s must be within 0..1 seconds")
         if not 0 < self.misfire_grace_s <= 3600:

@@ -15,7 +15,7 @@ from schedulerd.limits import Limits
 from schedulerd.strict_json import integral
 from schedulerd.timefmt import from_iso
 from storage import cron, retry
-from storage.jobs import SPEC_DEFAULTS
+from storage.jobs import RETENTION as RETENTION_STORED, SPEC_DEFAULTS
 from storage.model import MisfirePolicy, OverlapPolicy
 
 ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}\Z")
@@ -26,19 +26,21 @@ US = 1_000_000
 EVERY_US_MIN = US
 EVERY_US_MAX = 366 * 86_400 * US
 IDEMPOTENCY_KEY_CHARS_MAX = 256
+TTL_S_MAX = 10 * 366 * 86_400  # ten years; 0 keeps forever
 
 # Storage form of every optional field, with its default (part of the entry format).
 JOB_DEFAULTS = SPEC_DEFAULTS
+RETENTION_FIELDS = {"finished_ttl_s", "history_ttl_s", "keep_dead_letters"}
 OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "misfire_policy", "catchup_limit",
                  "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit",
-                 "target"}
+                 "target"} | RETENTION_FIELDS
 CREATE_FIELDS = OPTION_FIELDS | {"job_id", "idempotency_key"}
 
 
-def parse_duration_us(text: Any) -> int:
-    """'90s', '5m', '1h30m', '250ms' -> microseconds."""
+def parse_duration_us(text: Any, what: str = "schedule.every") -> int:
+    """'90s', '5m', '1h30m', '250ms' -> microseconds; `what` names the value in errors."""
     if not isinstance(text, str) or not text:
-        raise InvalidJob("schedule.every must be a duration string like '30s', '5m' or '1h30m'")
+        raise InvalidJob(f"{what} must be a duration string like '30s', '5m' or '1h30m'")
     pos, total = 0, 0
     for m in _DURATION_PART.finditer(text):
         if m.start() != pos:
@@ -46,7 +48,7 @@ def parse_duration_us(text: Any) -> int:
         total += int(m.group(1)) * _UNIT_US[m.group(2)]
         pos = m.end()
     if pos != len(text):
-        raise InvalidJob(f"schedule.every {text!r} is not a duration; use units ms, s, m, h, d (e.g. '1h30m')")
+        raise InvalidJob(f"{what} {text!r} is not a duration; use units ms, s, m, h, d (e.g. '1h30m')")
     return total
 
 
@@ -113,12 +115,14 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
 RANGES: dict[str, tuple[int, int]] = {
     "max_attempts": (1, 100), "priority": (0, 9), "catchup_limit": (1, 1000), "history_limit": (1, 10_000),
     "starting_deadline_s": (1, 604_800), "timeout_s": (1, 86_400), "jitter_s": (0, 86_400),
+    "finished_ttl_s": (0, TTL_S_MAX), "history_ttl_s": (0, TTL_S_MAX),
     "backoff.base_ms": (1, 3_600_000), "backoff.factor": (1, 10), "backoff.max_ms": (1, 86_400_000),
 }
 _INT_OPTIONS = ("max_attempts", "priority", "catchup_limit", "history_limit")
 # Options given in seconds: (stored field, may be null).
 _SECONDS_OPTIONS = {"starting_deadline_s": ("starting_deadline_us", True), "timeout_s": ("timeout_us", True),
-                    "jitter_s": ("jitter_us", False)}
+                    "jitter_s": ("jitter_us", False), "finished_ttl_s": ("finished_ttl_us", False),
+                    "history_ttl_s": ("history_ttl_us", False)}
 
 
 def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
@@ -159,6 +163,10 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
         out["backoff"] = backoff if backoff_base is None else {part: backoff[part] for part in raw["backoff"]}
     if "target" in raw:
         out["target"] = targets.parse_target(raw["target"], limits)
+    if "keep_dead_letters" in raw:
+        if not isinstance(raw["keep_dead_letters"], bool):
+            raise InvalidJob("keep_dead_letters must be true or false")
+        out["keep_dead_letters"] = raw["keep_dead_letters"]
     return out
 
 

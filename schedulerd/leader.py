@@ -1,5 +1,6 @@
-"""The group leader's loops: the due scan (occurrences -> runs) and the lease
-reaper (expired leases -> retry or dead letter).
+"""The group leader's loops: the due scan (occurrences -> runs), the lease
+reaper (expired leases -> retry or dead letter), and the sweep of what expired
+(schedulerd/sweeper.py, a loop of its own).
 
 Being leader is only a belief here (an isolated leader keeps it until
 leader_fallback_s): these loops merely *propose*. Claims and expiries are
@@ -13,6 +14,7 @@ import logging
 from raft.group import Group
 from schedulerd.errors import SchedulerError
 from schedulerd.node import Node
+from schedulerd.sweeper import Sweeper
 from storage import queries
 from storage.ops import Op
 
@@ -28,9 +30,11 @@ class LeaderLoops:
         # proposed again before they are due, or each scan would carry them until then.
         self._deferred: dict[int, set[tuple[str, int]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.sweeper = Sweeper(node)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._run(group)) for group in self.node.groups]
+        self._tasks = [asyncio.create_task(loop(group)) for group in self.node.groups
+                       for loop in (self._run, self.sweeper.run)]
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -48,6 +48,12 @@ class Limits:
     ack_weight_bytes: int = 1024
     # Runs one purge entry deletes; a job with more is purged in several entries.
     purge_runs_max: int = 1000
+    # Expiry keys one sweep entry judges, and runs it reads in all (storage/retention.py).
+    sweep_batch_max: int = 1000
+    sweep_runs_max: int = 2000
+    # Expiry keys swept per second per group at most, so a backlog of millions (a TTL
+    # shortened, a cluster back from an outage) is spread out instead of crowding out claims.
+    sweep_keys_per_s_max: int = 5000
     # Expired leases requeued in one Raft entry.
     expire_batch_max: int = 500
     # Longest long-poll a worker may ask for, seconds.

@@ -17,13 +17,14 @@ import uvloop
 from aiohttp import web
 
 from raft import snapshot
-from schedulerd import auth, logfmt
+from schedulerd import auth, jobspec, logfmt
 from schedulerd.auth import TokenFile
 from raft.conf import RaftConfig
 from schedulerd.api import make_app, server_options
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.destinations import DestinationPolicy
+from schedulerd.errors import SchedulerError
 from schedulerd.gctune import tune_gc
 from schedulerd.leader import LeaderLoops
 from schedulerd.limits import Limits
@@ -118,6 +119,12 @@ def _nothing_to_reload() -> None:
                    "cloud metadata), e.g. 127.0.0.0/8 for a local test.")
 @click.option("--target-deny", default="", metavar="CIDR|HOST,...",
               help="Refuse http targets in these too, e.g. 10.0.0.0/8 or .corp.example.com.")
+@click.option("--finished-ttl", default="7d", show_default=True, metavar="DURATION",
+              help="Delete a finished one-off or a cancelled job (with its runs), and a repeating job's "
+                   "runs, this long after they finished, unless the job says otherwise (finished_ttl_s, "
+                   "history_ttl_s). 0: keep everything forever.")
+@click.option("--archive-dir", type=click.Path(file_okay=False),
+              help="Write what the sweep deletes here first: gzip JSON Lines, one file per group per hour.")
 @click.option("--limit", "limit_settings", multiple=True, metavar="NAME=VALUE",
               help="Set one of the limits of schedulerd/limits.py, e.g. payload_bytes_max=131072 or "
                    "long_poll_s_max=10; repeat for more.")
@@ -129,7 +136,7 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
         clock_offset_file: str | None, log_level: str,
         log_format: str, tokens_file: str | None, cluster_secret_file: str | None, tls_cert: str | None,
         tls_key: str | None, allowed_hosts: str, allowed_origins: str, target_allow: str, target_deny: str,
-        limit_settings: tuple[str, ...], insecure: bool) -> None:
+        finished_ttl: str, archive_dir: str | None, limit_settings: tuple[str, ...], insecure: bool) -> None:
     """Run a schedulerd node. With no flags: a single-node cluster on 127.0.0.1:8080.
 
     \b
@@ -155,14 +162,27 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
                                             groups=groups, compaction_entries_min=compaction_entries,
                                             compaction_journal_ratio=compaction_journal_ratio, secret=secret),
                             http_host=host, http_port=port, lease_s=lease_s,
-                            limits=Limits().overridden(limit_settings),
+                            limits=Limits().overridden(limit_settings), archive_dir=archive_dir,
+                            finished_ttl_s=_ttl_s(finished_ttl),
                             allowed_hosts=_listed(allowed_hosts), allowed_origins=_listed(allowed_origins),
                             destinations=DestinationPolicy.build(_listed(target_allow), _listed(target_deny)))
         config.validate()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if config.finished_ttl_s == 0:
+        log.warning("retention_off --finished-ttl 0: finished jobs and their runs are kept forever and the "
+                    "store only grows; jobs may still set finished_ttl_s")
     tune_gc(config.gc_young_objects)
     uvloop.run(serve(config, Clock(offset_file=clock_offset_file), tokens, _tls_context(tls_cert, tls_key)))
+
+
+def _ttl_s(text: str) -> float:
+    if text.strip() == "0":
+        return 0.0
+    try:
+        return jobspec.parse_duration_us(text, "--finished-ttl") / 1_000_000
+    except SchedulerError as exc:
+        raise click.BadParameter(exc.message, param_hint="'--finished-ttl'") from None
 
 
 def _listed(text: str) -> tuple[str, ...]:

@@ -48,6 +48,8 @@ class Metrics:
         self.skipped = Counter("schedulerd_runs_skipped", "Occurrences recorded as skipped instead of run, by "
                                "reason (misfire_skip, overlap, deadline, catchup_limit, paused, rescheduled).",
                                ["reason"], registry=r)
+        self.expired = Counter("schedulerd_retention_deleted", "Jobs and runs deleted by their TTL on this "
+                               "replica, by kind (job, run).", ["kind"], registry=r)
         self.lateness = BulkHistogram("schedulerd_dispatch_lateness_seconds",
                                       "First lease of an occurrence minus its scheduled time.", LATENESS_BUCKETS_S)
         r.register(self.lateness)
@@ -97,6 +99,9 @@ class Metrics:
             self.runs.labels("purged").inc(result["deleted_runs"])
         elif op == Op.DISCARD_RUN and result.get("ok"):
             self.runs.labels("discarded").inc()
+        elif op == Op.SWEEP_EXPIRED:
+            self.expired.labels("job").inc(result["deleted_jobs"])
+            self.expired.labels("run").inc(result["deleted_runs"])
 
     def _count_failure(self, state: str) -> None:
         event = {RunState.RETRY_WAIT: "retried", RunState.DEAD_LETTER: "dead_lettered",
@@ -188,7 +193,7 @@ class _StateCollector(Collector):
                                       "1 when a scan hit metrics_scan_max and its figures are lower bounds.")
         job_counts: dict[str, int] = {}
         run_counts = {"pending": 0, "running": 0, "dead_letter": 0}
-        due_count, oldest_due, cut = 0, None, False
+        due_count, oldest_due, cut, stored_runs = 0, None, False, 0
         queues: dict[str, list[int]] = {}
         for group in node.groups:
             with node.read(group) as (txn, tables):
@@ -198,6 +203,7 @@ class _StateCollector(Collector):
                 run_counts["pending"] += stats["ready"]
                 run_counts["running"] += stats["leases"]
                 run_counts["dead_letter"] += txn.stat(tables.dead_letters)["entries"]
+                stored_runs += txn.stat(tables.runs)["entries"]
                 due = queries.due(txn, tables, node.shards_of(group), now, limits.metrics_scan_max)
                 cut |= len(due) >= limits.metrics_scan_max
                 due_count += len(due)
@@ -209,6 +215,9 @@ class _StateCollector(Collector):
             jobs.add_metric([state], n)
         for state, n in run_counts.items():
             runs.add_metric([state], n)
+        stored = GaugeMetricFamily("schedulerd_runs_stored", "Run records this replica holds, every state: what "
+                                                             "history_limit and the TTLs bound.")
+        stored.add_metric([], stored_runs)
         overdue.add_metric([], due_count)
         overdue_age.add_metric([], (now - oldest_due) / US if oldest_due is not None else 0.0)
         for queue, (ready, later, oldest) in sorted(queues.items()):
@@ -216,7 +225,7 @@ class _StateCollector(Collector):
             waiting.add_metric([queue], later)
             ready_age.add_metric([queue], (now - oldest) / US)
         truncated.add_metric([], 1 if cut else 0)
-        yield from (jobs, runs, overdue, overdue_age, depth, waiting, ready_age, truncated)
+        yield from (jobs, runs, stored, overdue, overdue_age, depth, waiting, ready_age, truncated)
         yield from self._raft()
         waiters = GaugeMetricFamily("schedulerd_poll_waiters", "Worker long-polls waiting on this node.")
         waiters.add_metric([], self.metrics.poll_waiters())

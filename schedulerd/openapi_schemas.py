@@ -114,6 +114,14 @@ def job_fields(limits: Limits) -> dict[str, Schema]:
         "timeout_s": _seconds("timeout_s"),
         "jitter_s": _seconds("jitter_s", nullable_=False),
         "history_limit": _ranged("history_limit", {"type": "integer", "default": 100}),
+        "finished_ttl_s": _ranged("finished_ttl_s", {
+            "type": "number", "description": "seconds a finished one-off or a cancelled job is kept, with its "
+                                             "runs; 0: forever. Default: the node's --finished-ttl."}),
+        "history_ttl_s": _ranged("history_ttl_s", {
+            "type": "number", "description": "seconds a repeating job's ended runs are kept, whatever "
+                                             "history_limit allows; 0: forever. Default: finished_ttl_s."}),
+        "keep_dead_letters": {"type": "boolean", "default": False,
+                              "description": "Dead letters stay until re-driven or discarded, whatever the TTLs."},
         "target": TARGET,
     }
 
@@ -136,6 +144,7 @@ JOB: Schema = {"type": "object", "properties": {
     "misfire_policy": STR, "catchup_limit": INT, "starting_deadline_s": {"type": ["number", "null"]},
     "overlap_policy": STR, "backoff": {"type": "object"}, "timeout_s": {"type": ["number", "null"]},
     "jitter_s": {"type": "number"}, "history_limit": INT, "target": {"type": ["object", "null"]},
+    "finished_ttl_s": {"type": "number"}, "history_ttl_s": {"type": "number"}, "keep_dead_letters": {"type": "boolean"},
     "idempotency_key": nullable(STR), "next_fire_time": nullable(TIME), "created_at": TIME, "updated_at": TIME}}
 RUN: Schema = {"type": "object", "properties": {
     "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "state": {"enum": [s.value for s in RunState]},

@@ -30,7 +30,8 @@ def routes(node: Node) -> list[web.RouteDef]:
     # claims what is due within the lookahead as the leader's scan would (claims.claim_created).
     creates = Coalescer(node.propose, Op.CREATE_JOBS, "jobs", "results", limits.create_entry_bytes_max,
                         extra=lambda: {"now": node.now_us(), "claim_ahead_us": int(cfg.lookahead_s * views.US),
-                                       "grace_us": int(cfg.misfire_grace_s * views.US)},
+                                       "grace_us": int(cfg.misfire_grace_s * views.US),
+                                       "finished_ttl_us": int(cfg.finished_ttl_s * views.US)},
                         weight=lambda spec: len(spec.get("payload_json", "")) + SPEC_BYTES_ESTIMATE)
 
     async def create(request: web.Request) -> web.Response:
@@ -39,6 +40,7 @@ def routes(node: Node) -> list[web.RouteDef]:
         spec = _in_namespace(namespace, jobspec.parse_job(await req.body(request), now, limits,
                                                           request.headers.get("Idempotency-Key")))
         targets.check_destination(spec.get("target"), cfg.destinations)
+        _retained(node, spec)
         spec["audit"] = audit_note(request, f"create job {spec['job_id']}")
         (result,) = await _create(node, creates, [spec])
         if not result["ok"]:
@@ -57,6 +59,8 @@ def routes(node: Node) -> list[web.RouteDef]:
         current = _job_record(node, job_id)
         changes = jobspec.parse_options(raw, node.now_us(), limits, backoff_base=current["backoff"])
         targets.check_destination(changes.get("target"), cfg.destinations)
+        if changes.keys() & jobspec.RETENTION_STORED:
+            node.require_entry_version(node.group_of_job(job_id), ops.RETENTION_SINCE, "a job's retention")
         jobspec.check_together({**current, **changes})
         if "queue" in changes:
             changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
@@ -118,6 +122,7 @@ def routes(node: Node) -> list[web.RouteDef]:
             try:
                 specs.append(_in_namespace(namespace, jobspec.parse_job(job, now, limits)))
                 targets.check_destination(specs[-1].get("target"), cfg.destinations)
+                _retained(node, specs[-1])
             except SchedulerError as exc:
                 # The whole batch is refused; say which job, so a file import can point at it.
                 named = f" (job_id {job.get('job_id')!r})" if isinstance(job, dict) and job.get("job_id") else ""
@@ -268,6 +273,13 @@ def _in_namespace(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
         spec.update(job_id=namespaces.inside(namespace, spec["job_id"]),
                     queue=namespaces.inside(namespace, spec.get("queue", jobspec.JOB_DEFAULTS["queue"])))
     return spec
+
+
+def _retained(node: Node, spec: dict[str, Any]) -> None:
+    """A create naming its retention needs entries that carry it; until its group writes
+    them, one that names none is created without (it never expires)."""
+    if spec.keys() & jobspec.RETENTION_STORED:
+        node.require_entry_version(node.group_of_job(spec["job_id"]), ops.RETENTION_SINCE, "a job's retention")
 
 
 def _visible_run(node: Node, request: web.Request, run_id: str) -> tuple[Group, dict[str, Any]]:

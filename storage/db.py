@@ -24,7 +24,7 @@ log = logging.getLogger("schedulerd.store")
 
 SCHEMA_VERSION = 1
 DB_NAMES = ("jobs", "due", "runs", "occurrences", "ready", "leases", "meta", "job_stats", "dead_letters",
-            "idempotency", "audit")
+            "idempotency", "audit", "expiry")
 LAST_APPLIED = b"last_applied"
 SCHEMA = b"schema_version"
 
@@ -42,6 +42,8 @@ class Tables:
     dead_letters: object
     idempotency: object
     audit: object
+    # (check_us, job_id): when to look at a job again for expiry (storage/retention.py).
+    expiry: object
 
 
 class SchemaMismatch(Exception):

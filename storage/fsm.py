@@ -43,6 +43,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.LEASE_READY: leases.lease_ready,
     Op.PURGE_JOB: retention.purge_job,
     Op.DISCARD_RUN: retention.discard_run,
+    Op.SWEEP_EXPIRED: retention.sweep_expired,
 }
 
 ALREADY_APPLIED: dict[str, Any] = {"replayed": True}

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage import claims, codec, cron, keys, ops, records, retry
+from storage.layouts import JOB_RETENTION
 from storage.model import (JOB_SCHEDULED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason, RunEvent, RunState,
                            job_transition, run_transition)
 from storage.records import Ctx, Record
@@ -22,9 +23,10 @@ SPEC_DEFAULTS: dict[str, Any] = {
     "timeout_us": None, "jitter_us": 0, "history_limit": 100, "target": None,
 }
 
+RETENTION = frozenset(JOB_RETENTION)  # from entry version 11
 UPDATABLE = frozenset({"schedule", "schedule_spec", "queue", "payload_json", "max_attempts", "priority",
                        "misfire_policy", "catchup_limit", "starting_deadline_us", "overlap_policy", "backoff",
-                       "timeout_us", "jitter_us", "history_limit", "target"})
+                       "timeout_us", "jitter_us", "history_limit", "target"}) | RETENTION
 
 
 def _fail(code: str, message: str) -> dict[str, Any]:
@@ -61,6 +63,8 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         job = dict(defaults, **spec)
         job.pop("request_hash", None)
         job.pop("audit", None)
+        if ctx.version >= ops.RETENTION_SINCE:
+            _retain(job, cmd.get("finished_ttl_us", 0))
         job["schedule"] = _anchored(spec["schedule"], now)
         job.update(state=JOB_SCHEDULED, shard=keys.shard_of(job_id),
                    next_fire_us=cron.first_fire(job["schedule"], now),
@@ -82,6 +86,20 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     reasons: dict[str, int] = {}
     skipped = claims.tally(made, queued, reasons)
     return {"results": results, "runs": queued, "skipped": skipped, "skipped_reasons": reasons}
+
+
+def _retain(job: Record, default_ttl_us: int) -> None:
+    """A new job's retention, last of its fields (storage/layouts.py): its own, else the
+    entry's (the proposing node's --finished-ttl), which its history ages by too."""
+    if RETENTION.isdisjoint(job):  # the usual create: the entry's default, in three stores
+        job["finished_ttl_us"] = job["history_ttl_us"] = default_ttl_us
+        job["keep_dead_letters"] = False
+        return
+    given = {name: job.pop(name) for name in JOB_RETENTION if name in job}
+    finished = given.get("finished_ttl_us", default_ttl_us)
+    job["finished_ttl_us"] = finished
+    job["history_ttl_us"] = given.get("history_ttl_us", finished)
+    job["keep_dead_letters"] = given.get("keep_dead_letters", False)
 
 
 def _anchored(schedule: dict[str, Any], now: int) -> dict[str, Any]:
@@ -213,6 +231,8 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         elif job["state"] == JobState.SCHEDULED and job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
     records.put_job(ctx, job, old_fire, was)
+    if ctx.version >= ops.RETENTION_SINCE and changes.keys() & RETENTION:
+        records.note_check(ctx, now, job_id)  # judged by its new retention at the next sweep
     return {"ok": True, "skipped_reasons": skipped}
 
 

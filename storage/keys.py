@@ -98,5 +98,13 @@ def split_dead_letter_key(key: bytes) -> tuple[int, str]:
     return _U64.unpack(key[:8])[0], key[8:].decode()
 
 
+def expiry_key(check_us: int, job_id: str) -> bytes:
+    return _U64.pack(check_us) + job_id.encode()
+
+
+def split_expiry_key(key: bytes) -> tuple[int, str]:
+    return _U64.unpack(key[:8])[0], key[8:].decode()
+
+
 def idempotency_key(key: str) -> bytes:
     return key.encode()

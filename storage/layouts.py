@@ -14,9 +14,13 @@ _JOB_OPTIONS = ("queue", "payload_json", "max_attempts", "priority", "misfire_po
                 "starting_deadline_us", "overlap_policy", "backoff", "timeout_us", "jitter_us", "history_limit",
                 "target")
 _JOB_APPLIED = ("state", "shard", "next_fire_us", "created_us", "updated_us", "raft_index")
+# From entry version 11 the API resolves each job's retention and sends it last.
+JOB_RETENTION = ("finished_ttl_us", "history_ttl_us", "keep_dead_letters")
 JOBS = Layouts("Job", (
     (*_JOB_OPTIONS, "job_id", "schedule", "schedule_spec", *_JOB_APPLIED),
     (*_JOB_OPTIONS, "job_id", "schedule", "schedule_spec", "idempotency_key", *_JOB_APPLIED),
+    (*_JOB_OPTIONS, "job_id", "schedule", "schedule_spec", *JOB_RETENTION, *_JOB_APPLIED),
+    (*_JOB_OPTIONS, "job_id", "schedule", "schedule_spec", "idempotency_key", *JOB_RETENTION, *_JOB_APPLIED),
 ))
 
 # claims._RUN_TEMPLATE's keys; then with the summary of the occurrences a catch-up

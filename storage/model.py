@@ -102,6 +102,8 @@ TERMINAL_RUN_STATES = frozenset({R.SUCCEEDED, R.SKIPPED, R.CANCELLED})
 RUN_QUEUED, RUN_RUNNING, RUN_SUCCEEDED, RUN_DEAD_LETTER = R.QUEUED.value, R.RUNNING.value, R.SUCCEEDED.value, \
     R.DEAD_LETTER.value
 JOB_SCHEDULED, JOB_COMPLETED = J.SCHEDULED.value, J.COMPLETED.value
+# A job in one of these states makes no new occurrence: once its runs are done, it has finished.
+FINISHED_JOB_STATES = frozenset({J.COMPLETED.value, J.CANCELLED.value})
 LEASABLE_RUN_STATES = frozenset({R.QUEUED, R.RETRY_WAIT})
 PENDING_RUN_STATES = LEASABLE_RUN_STATES
 # Where a nack leaves a run (and a cancel after it): leases.nack knows its repeat by them.

@@ -65,11 +65,15 @@ OVERDUE_RECORDED_SINCE = 9
 # every replica writing the same bytes for an entry, and keeps array records out of
 # any store an older build reads (snapshots included) until every voter reads them.
 ARRAY_RECORDS_SINCE = 10
-# Since 11 (2026-12-06): a job that is completed or cancelled can be purged with its runs
-# (PURGE_JOB) and a dead letter discarded (DISCARD_RUN), so a job id can be created again;
-# and a cancel withdraws the runs claimed ahead of their time, as a pause does, instead of
-# recording them cancelled (claims.withdraw_ahead).
-PURGE_SINCE = CANCEL_WITHDRAWS_SINCE = 11
+# Since 11 (2026-12-06): retention (storage/retention.py).
+# - A job that is completed or cancelled can be purged with its runs (PURGE_JOB) and a dead
+#   letter discarded (DISCARD_RUN), so a job id can be created again.
+# - A job carries finished_ttl_us, history_ttl_us and keep_dead_letters; a job entering a
+#   finished state, and a repeating job at its creation, get a key in the expiry index,
+#   and SWEEP_EXPIRED deletes what their TTLs let go.
+# - A cancel withdraws the runs claimed ahead of their time, as a pause does, instead of
+#   recording them cancelled (claims.withdraw_ahead).
+PURGE_SINCE = RETENTION_SINCE = CANCEL_WITHDRAWS_SINCE = 11
 
 
 class Op(IntEnum):
@@ -89,6 +93,7 @@ class Op(IntEnum):
     LEASE_READY = 14
     PURGE_JOB = 15
     DISCARD_RUN = 16
+    SWEEP_EXPIRED = 17
 
 
 class CorruptEntry(Exception):

@@ -171,6 +171,20 @@ def next_ready_us(txn: lmdb.Transaction, t: Tables, queues: Iterable[str]) -> in
     return best
 
 
+def expiry_due(txn: lmdb.Transaction, t: Tables, now_us: int, limit: int) -> list[tuple[int, str]]:
+    """(check_us, job_id) of the expiry keys due by now_us, earliest first (storage/retention.py)."""
+    out: list[tuple[int, str]] = []
+    with txn.cursor(db=t.expiry) as cur:
+        if not cur.first():
+            return out
+        for key in cur.iternext(keys=True, values=False):
+            check_us, job_id = keys.split_expiry_key(key)
+            if check_us > now_us or len(out) >= limit:
+                break
+            out.append((check_us, job_id))
+    return out
+
+
 def expired_leases(txn: lmdb.Transaction, t: Tables, now_us: int, limit: int) -> list[tuple[str, int]]:
     """(run_id, fence) of leases whose lease_until has passed."""
     out: list[tuple[str, int]] = []

@@ -20,7 +20,7 @@ from storage import keys, ops
 from storage.codec import pack, unpack
 from storage.db import Tables
 from storage.layouts import JOBS, RUNS
-from storage.model import PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING, TERMINAL_RUN_STATES
+from storage.model import FINISHED_JOB_STATES, PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING, TERMINAL_RUN_STATES
 
 Record = dict[str, Any]
 
@@ -90,6 +90,25 @@ def put_job(ctx: Ctx, job: Record, old_fire_us: int | None, was: str | None) -> 
     if job["next_fire_us"] is not None:
         ctx.txn.put(keys.due_key(shard, job["next_fire_us"], job_id), b"", True, True, False, ctx.tables.due)
     ctx.txn.put(keys.job_key(job_id), ctx.pack_job(job), True, True, False, ctx.tables.jobs)
+    if was != job["state"] and ctx.version >= ops.RETENTION_SINCE:
+        _note_expiry(ctx, job, was)
+
+
+def _note_expiry(ctx: Ctx, job: Record, was: str | None) -> None:
+    """When to look at a job for expiry (storage/retention.py): a TTL after it entered a
+    finished state, and a repeating job's history a history TTL after its creation."""
+    if job["state"] in FINISHED_JOB_STATES:
+        ttl = job.get("finished_ttl_us", 0)
+    elif was is None and job["schedule"]["kind"] != "at":
+        ttl = job.get("history_ttl_us", 0)
+    else:
+        return
+    if ttl:
+        note_check(ctx, job["updated_us"] + ttl, job["job_id"])
+
+
+def note_check(ctx: Ctx, check_us: int, job_id: str) -> None:
+    ctx.txn.put(keys.expiry_key(check_us, job_id), b"", True, True, False, ctx.tables.expiry)
 
 
 def remove_job(ctx: Ctx, job: Record) -> None:

@@ -1,21 +1,37 @@
 """Where a finished job or run is deleted: a job purged with all of its runs (its id
-may then be created again), a dead letter discarded.
+may then be created again), a dead letter discarded, and what a TTL lets go.
 
 Deleting a job takes every trace of it: its runs and their index entries, its
 occurrence keys, its stored run counts, its idempotency-key ledger entry and its
 place in the per-state totals. Run ids embed the Raft index of the entry that made
 them, so a run of a job created again never has the id of an earlier job's run: a
 worker still holding a purged run hears `not_found` for it, never another run's
-answer. Both commands exist from entry version 11 on (ops.PURGE_SINCE)."""
+answer. These commands exist from entry version 11 on (ops.PURGE_SINCE).
+
+Expiry. A job has a key in the expiry index, `(check_us, job_id)`, from when it
+enters a finished state (a TTL later) and, for a repeating job, from its creation (a
+history TTL later). The leader's sweep reads the keys due by now and proposes
+SWEEP_EXPIRED; for each, `judge` decides, from the store alone, which runs go now,
+whether the job goes, and when to look again. The keys are hints and the judgement is
+the rule, so a key left behind (a job re-armed, purged, created again) does no harm.
+
+- A closed job (completed or cancelled, none of its runs waiting or running) goes with
+  its runs once each run finished and the job itself changed at least finished_ttl ago.
+- Otherwise a job's history ages: runs that finished more than history_ttl ago go,
+  whatever history_limit allows.
+- Dead letters age like any run unless the job keeps them (keep_dead_letters); a kept
+  dead letter keeps its job too.
+
+A key's runs are read oldest first, and one entry reads at most `runs_max` runs in all,
+so a sweep of millions proceeds in bounded entries."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from storage import keys, records
-from storage.model import JobState, RunState
+from storage.model import FINISHED_JOB_STATES, PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING, RunState
 from storage.records import Ctx, Record
-
-FINISHED_JOB_STATES = frozenset({JobState.COMPLETED.value, JobState.CANCELLED.value})
 
 
 def _fail(code: str, message: str) -> dict[str, Any]:
@@ -71,3 +87,102 @@ def discard_run(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     records.reopen_dead_head(ctx, run)  # the history's count of dead letters at its head may hold this one
     records.delete_run(ctx, run)
     return {"ok": True, "run": run}
+
+
+@dataclass
+class Verdict:
+    """What one expiry key's check decides."""
+
+    runs: list[str] = field(default_factory=list)  # run ids that go now, oldest first
+    job: bool = False  # the job goes too (after its runs)
+    next_check_us: int | None = None  # when to look again; None: no key (the job went, or nothing ever will)
+    read: int = 0  # runs read, against the entry's budget
+
+
+def judge(ctx: Ctx, job_id: str, now: int, budget: int) -> Verdict:
+    """The rule, read-only: the leader judges on its replica to archive what will go, and
+    apply judges again on each replica to delete it."""
+    job = records.get_job(ctx, job_id)
+    if job is None:
+        return Verdict()
+    finished_ttl, history_ttl = job.get("finished_ttl_us", 0), job.get("history_ttl_us", 0)
+    stats = records.job_stats(ctx, job_id)
+    closed = job["state"] in FINISHED_JOB_STATES and not stats["pending"] and not stats["running"]
+    if closed and finished_ttl:
+        return _age(ctx, job, now, finished_ttl, budget, whole=True)
+    if history_ttl:
+        return _age(ctx, job, now, history_ttl, budget, whole=False)
+    if finished_ttl and not closed:
+        return Verdict(next_check_us=now + finished_ttl)  # look again once its runs may be done
+    return Verdict()
+
+
+def _age(ctx: Ctx, job: Record, now: int, ttl: int, budget: int, whole: bool) -> Verdict:
+    """Runs that finished `ttl` ago or more go, oldest first; with `whole`, the job too once
+    none is left. A run not yet that old stops the scan and says when to look again."""
+    keep_dead = job.get("keep_dead_letters", False)
+    verdict = Verdict()
+    kept = False
+    run_ids = records.occurrence_runs(ctx, job["job_id"], budget + 1)
+    for run_id in run_ids[:budget]:
+        verdict.read += 1
+        run = records.get_run(ctx, run_id)
+        if run is None:
+            continue
+        state = run["state"]
+        if state in PENDING_RUN_STATES or state == RUN_RUNNING or run["scheduled_us"] >= now \
+                or (state == RUN_DEAD_LETTER and keep_dead):
+            kept = True
+            continue
+        if run["finished_us"] + ttl > now:
+            verdict.next_check_us = run["finished_us"] + ttl
+            return verdict
+        verdict.runs.append(run_id)
+    if len(run_ids) > budget:
+        verdict.next_check_us = now  # more to read: the next sweep goes on
+    elif whole and not kept and job["updated_us"] + ttl <= now:
+        verdict.job = True
+    else:
+        verdict.next_check_us = max(now, job["updated_us"]) + ttl
+    return verdict
+
+
+def plan(ctx: Ctx, checks: list[tuple[int, str]], now: int, budget: int) -> list[tuple[int, str, Verdict]]:
+    """The verdicts of due expiry keys, judged in order within one entry's run budget, as
+    the sweep entry will judge them: what the proposer archives and names."""
+    out = []
+    for check_us, job_id in checks:
+        if budget <= 0:
+            break
+        verdict = judge(ctx, job_id, now, budget)
+        budget -= max(verdict.read, 1)
+        out.append((check_us, job_id, verdict))
+    return out
+
+
+def sweep_expired(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Delete what each named expiry key's check lets go, of what the proposer named (it
+    archived those first: nothing it did not name is deleted), and move each key to its
+    next check. A key no longer in the index was handled by an earlier entry."""
+    now, budget = cmd["now"], cmd["runs_max"]
+    jobs = runs = 0
+    for check_us, job_id, named_runs, named_job in cmd["checks"]:
+        key = keys.expiry_key(check_us, job_id)
+        if budget <= 0 or ctx.txn.get(key, None, ctx.tables.expiry) is None:
+            continue
+        verdict = judge(ctx, job_id, now, budget)
+        budget -= max(verdict.read, 1)
+        allowed = set(named_runs)
+        for run_id in verdict.runs:
+            run = records.get_run(ctx, run_id) if run_id in allowed else None
+            if run is not None:
+                records.reopen_dead_head(ctx, run)
+                records.delete_run(ctx, run)
+                runs += 1
+        ctx.txn.delete(key, b"", ctx.tables.expiry)
+        if verdict.job and named_job and allowed.issuperset(verdict.runs):
+            _delete_job(ctx, records.get_job(ctx, job_id))
+            jobs += 1
+        elif verdict.job or verdict.next_check_us is not None:
+            records.note_check(ctx, now if verdict.job else verdict.next_check_us, job_id)
+    return {"deleted_jobs": jobs, "deleted_runs": runs}

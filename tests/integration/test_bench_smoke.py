@@ -34,6 +34,30 @@ def test_bench_scenario_runs_every_job_once(tmp_path: pathlib.Path, scenario: st
     assert "| box slowdown over the window" in proc.stdout
 
 
+def test_retention_samples_the_store_and_the_ttl_deletes(tmp_path: pathlib.Path) -> None:
+    """An 8 s run with a 2 s TTL: every job runs once, every node is sampled, and the
+    sweep has deleted finished jobs by the end."""
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "retention", "--rate", "50", "--duration", "8",
+                           "--finished-ttl", "2s", "--sample-s", "2", "--tail-s", "3", "--workers", "1",
+                           "--json", str(out), "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["report"]["runs"]
+    stats = run["stats"]
+    assert stats["expected"] == 400 and stats["ran"] == stats["expected"] and stats["duplicates"] == 0, stats
+    samples = run["samples"]
+    assert len(samples) >= 5, len(samples)
+    for sample in samples:
+        assert [n["node"] for n in sample["nodes"]] == ["n0", "n1", "n2"]
+        assert all(n["data_mdb_bytes"] and n["rss_bytes"] for n in sample["nodes"]), sample
+    last = samples[-1]["nodes"]
+    assert all("scrape_error" not in n for n in last), last
+    assert max(n["deleted_jobs"] for n in last) > 0, last
+    assert any(s.get("window", {}).get("due") for s in samples)
+    assert "## retention" in proc.stdout and "### --finished-ttl 2s: every sample" in proc.stdout
+
+
 def test_apply_cost_runs_every_phase(tmp_path: pathlib.Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.apply_cost", "--jobs", "300", "--data-root", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -11,9 +11,10 @@ from datetime import datetime, timezone
 
 import pytest
 
+from schedulerd import archive
 from schedulerd.client import Client
 from schedulerd.errors import NotFound
-from tests.integration.harness import ROOT, http, wait_until
+from tests.integration.harness import ROOT, Cluster, http, recording_worker, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +83,48 @@ def test_a_dead_letter_is_discarded_through_the_api_and_schedctl(make_cluster) -
     assert out.returncode != 0 and "not_found" in out.stderr
     out = schedctl(node.url, "cancel", "a", "--purge")
     assert out.returncode == 0 and "purged" in out.stdout, out.stderr
+
+
+JOBS = 100
+SWEEP_ARGS = ["--finished-ttl", "2s", "--limit", "sweep_batch_max=10", "--limit", "sweep_keys_per_s_max=20"]
+
+
+def test_the_sweep_archives_before_it_deletes_even_across_a_leader_kill(tmp_path) -> None:
+    """Three nodes, each with its own --archive-dir; 100 one-offs run and finish; the sweep
+    (10 keys an entry, 20 a second) is cut by kill -9 of the leader. Every job and run that
+    left the stores is in some node's archive, and the stores end equal."""
+    cluster = Cluster.create(str(tmp_path), 3, SWEEP_ARGS)
+    archives = [tmp_path / f"archive-{i}" for i in range(3)]
+    for node, folder in zip(cluster.nodes, archives):
+        node.extra_args += ["--archive-dir", str(folder)]
+    cluster.start()
+    try:
+        client = Client(cluster.urls, timeout_s=20)
+        client.create_jobs([{"job_id": f"j{i}", "schedule": {"at": now_iso()}, "queue": "work"} for i in range(JOBS)])
+        worker, executions = recording_worker(cluster.urls, "work")
+        with running(worker):
+            wait_until(lambda: len({t.run_id for t in executions}) >= JOBS, 30, "every job to run")
+        run_ids = {t.run_id for t in executions}
+        leader = cluster.leader()
+        remaining = wait_until(lambda: len(leader.get("/v1/jobs?limit=1000")[1]["jobs"]) < JOBS and
+                               len(leader.get("/v1/jobs?limit=1000")[1]["jobs"]), 30, "the sweep to start")
+        leader.kill9()
+        assert remaining > 0, "the sweep was over before the kill"
+        survivors = [n for n in cluster.nodes if n is not leader]
+        wait_until(lambda: all(n.get("/v1/jobs")[1]["jobs"] == [] for n in survivors), 60,
+                   "every finished job to be swept", interval_s=0.5)
+        leader.start()
+        cluster.wait_ready(leader)
+        cluster.wait_converged()
+        digests = {n.get("/v1/cluster/digest")[1]["groups"][0]["digest"] for n in cluster.nodes}
+        assert len(digests) == 1, "the stores differ after the sweep"
+        archived_runs: set[str] = set()
+        archived_jobs: set[str] = set()
+        for path in (p for folder in archives for p in folder.rglob("*" + archive.ARCHIVE_SUFFIX)):
+            for record in archive.read(str(path)):
+                (archived_runs if record["kind"] == "run" else archived_jobs).add(
+                    record["run_id"] if record["kind"] == "run" else record["job_id"])
+        assert run_ids <= archived_runs, f"deleted without an archive: {sorted(run_ids - archived_runs)[:5]}"
+        assert {f"j{i}" for i in range(JOBS)} <= archived_jobs
+    finally:
+        cluster.stop()

@@ -24,6 +24,7 @@ JITTER_SPREAD = 0.2  # backoff: "deterministic jitter ±20%"
 FAIR_EVERY = 10  # every 10th LEASE_READY entry serves the longest-waiting runs first (leases.py)
 
 PENDING = frozenset({"queued", "retry_wait"})
+OPEN = PENDING | {"running"}
 TERMINAL = frozenset({"succeeded", "skipped", "cancelled"})
 
 Rec = dict[str, Any]
@@ -123,6 +124,10 @@ class Model:
                 out.append((spec["job_id"], False, "conflict"))
                 continue
             job = {k: v for k, v in spec.items() if k != "schedule_spec"}
+            if self.entry_version >= ops.RETENTION_SINCE:  # the entry's default TTL, unless the job gives its own
+                ttl = job.get("finished_ttl_us", cmd.get("finished_ttl_us", 0))
+                job.update(finished_ttl_us=ttl, history_ttl_us=job.get("history_ttl_us", ttl),
+                           keep_dead_letters=job.get("keep_dead_letters", False))
             job.update(state="scheduled", next_fire_us=first_fire(spec["schedule"]))
             self.jobs[spec["job_id"]] = job
             out.append((spec["job_id"], True, None))
@@ -413,6 +418,52 @@ class Model:
         self._reopen_dead_head(run)
         del self.runs[run["run_id"]]
         return (True, None), False
+
+    def sweep(self, index: int, cmd: Rec, updated_us: dict[str, int]) -> tuple[Any, bool]:
+        """SWEEP_EXPIRED, judged the plain way over all of a job's runs. `updated_us`: each
+        job's last change as stored (the model does not keep it)."""
+        budget, jobs, runs = cmd["runs_max"], 0, 0
+        for _, job_id, named_runs, named_job in cmd["checks"]:
+            if budget <= 0:
+                continue
+            going, whole, read = self._judge(job_id, cmd["now"], budget, updated_us.get(job_id))
+            budget -= max(read, 1)
+            for run_id in going:
+                if run_id in named_runs:
+                    self._reopen_dead_head(self.runs[run_id])
+                    del self.runs[run_id]
+                    runs += 1
+            if whole and named_job and set(going) <= set(named_runs):
+                del self.jobs[job_id]
+                self.stats_kept.discard(job_id)
+                self.dead_head.pop(job_id, None)
+                jobs += 1
+        return (jobs, runs), False
+
+    def _judge(self, job_id: str, now: int, budget: int, updated: int | None) -> tuple[list[str], bool, int]:
+        """(runs that go, whether the job goes, runs read): closed jobs by finished_ttl, whole;
+        the others' ended runs by history_ttl."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return [], False, 0
+        runs = self.job_runs(job_id)
+        closed = job["state"] in ("completed", "cancelled") and not any(r["state"] in OPEN for r in runs)
+        finished_ttl, history_ttl = job.get("finished_ttl_us", 0), job.get("history_ttl_us", 0)
+        ttl, whole = (finished_ttl, True) if closed and finished_ttl else (history_ttl, False)
+        if not ttl:
+            return [], False, 0
+        going, kept = [], False
+        for n, run in enumerate(runs[:budget], 1):
+            if run["state"] in OPEN or run["scheduled_us"] >= now or \
+                    (run["state"] == "dead_letter" and job.get("keep_dead_letters")):
+                kept = True
+            elif run["finished_us"] + ttl > now:
+                return going, False, n  # a run not that old yet: the rest wait for a later look
+            else:
+                going.append(run["run_id"])
+        read = min(len(runs), budget)
+        gone = whole and len(runs) <= budget and not kept and updated is not None and updated + ttl <= now
+        return going, gone, read
 
     # -- leases ------------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ def _table(d: Driver, name: str) -> dict[bytes, bytes]:
 def test_apply_stores_jobs_and_runs_as_arrays_that_read_back_as_the_maps_stored_before(tmp_path: pathlib.Path) -> None:
     before, now = Driver(str(tmp_path / "v9")), Driver(str(tmp_path / "v10"))
     _play(before, ops.ARRAY_RECORDS_SINCE - 1)
-    _play(now, ops.VERSION)
+    _play(now, ops.ARRAY_RECORDS_SINCE)
     for name, layouts in (("jobs", JOBS), ("runs", RUNS)):
         maps, arrays = _table(before, name), _table(now, name)
         assert maps.keys() == arrays.keys() and len(arrays) == 3
@@ -66,6 +66,17 @@ def test_apply_stores_jobs_and_runs_as_arrays_that_read_back_as_the_maps_stored_
     assert parts["once"] == queries.TaskPart('{"n":1}', None)
     assert parts["keyed"].target["url"] == "https://example.test/hook"
     assert parts["cron"] == queries.TaskPart("null", None)
+
+
+def test_jobs_with_their_retention_are_stored_in_a_layout_too(tmp_path: pathlib.Path) -> None:
+    """From entry version 11 a job carries finished_ttl_us, history_ttl_us and
+    keep_dead_letters, last of its request's fields: layouts 2 and 3 hold them."""
+    d = Driver(str(tmp_path / "v11"))
+    _play(d, ops.RETENTION_SINCE)
+    for name, layouts in (("jobs", JOBS), ("runs", RUNS)):
+        for key, raw in _table(d, name).items():
+            assert raw[0] == ARRAY16, f"{name} {key!r} was not stored in a layout"
+            assert name == "runs" or layouts.unpack(raw)["keep_dead_letters"] is False
 
 
 def test_a_job_stored_as_a_map_is_stored_in_its_layout_once_a_newer_entry_changes_it(tmp_path: pathlib.Path) -> None:

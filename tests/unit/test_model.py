@@ -31,7 +31,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from schedulerd.jobspec import JOB_DEFAULTS
-from storage import keys, ops, queries, records
+from storage import keys, ops, queries, records, retention
 from storage.db import DB_NAMES, LAST_APPLIED
 from storage.jobs import SPEC_DEFAULTS
 from storage.layouts import JOBS, RUNS
@@ -61,7 +61,7 @@ RUN_FIELDS = ("job_id", "scheduled_us", "state", "attempt", "max_attempts", "fen
               "finished_us", "reason", "trigger", "priority", "available_us")
 JOB_FIELDS = ("state", "next_fire_us", "schedule", "priority", "max_attempts", "payload_json", "misfire_policy",
               "overlap_policy", "catchup_limit", "starting_deadline_us", "timeout_us", "history_limit", "jitter_us",
-              "backoff")
+              "backoff", "finished_ttl_us", "history_ttl_us", "keep_dead_letters")
 
 Rec = dict[str, Any]
 
@@ -94,6 +94,11 @@ OPTIONS = {
     "jitter_us": st.sampled_from([0, 0, 0, 1_500_000]),
     "backoff": BACKOFFS,
 }
+# A job's retention, from entry version 11 (the API sends it only then); a create entry's
+# default TTL is DEFAULT_TTL_US.
+RETENTION = {"finished_ttl_us": st.sampled_from([0, 1 * S, 3 * S]), "history_ttl_us": st.sampled_from([0, 2 * S]),
+             "keep_dead_letters": st.booleans()}
+DEFAULT_TTL_US = 2 * S
 # An update's backoff names some of its parts; {"max_ms": 100} is below every base_ms
 # the jobs have, so apply refuses it.
 BACKOFF_PARTS = st.sampled_from([{"base_ms": 200}, {"max_ms": 1000}, {"factor": 3.0}, {"max_ms": 100},
@@ -112,7 +117,7 @@ PICK = st.integers(0, 63)
 # keeps the rules it had: at 1 no withdrawal by pause or update and no deferred claims, before
 # 3 no claim in the creating entry, before 4 every job's run counts stored.
 COUNTS = ("pending", "running", "runs")  # of job_stats; the rest says where pruning starts
-VERSIONS = st.sampled_from([ops.VERSION, ops.VERSION, 10, 9, 8, 7, 6, 3, 2, 1])
+VERSIONS = st.sampled_from([ops.VERSION] * 4 + [10, 9, 8, 7, 6, 3, 2, 1])
 
 
 def resolve(schedule: tuple[str, int], now: int) -> Rec:
@@ -193,6 +198,8 @@ def normalize(op: Op, res: Rec) -> Any:
         return res["expired"], res["dead_letter"]
     if op == Op.CANCEL_JOB:
         return res["ok"], res.get("code"), res.get("cancelled_runs")
+    if op == Op.SWEEP_EXPIRED:
+        return res["deleted_jobs"], res["deleted_runs"]
     if op == Op.PURGE_JOB:
         return res["ok"], res.get("code"), res.get("done")
     if op == Op.TRIGGER_JOB:
@@ -264,7 +271,7 @@ def check_transitions(before: Snapshot, after: Snapshot, now: int | None, op: Op
     for run_id, old in before.runs.items():
         if run_id not in after.runs:
             ahead = now is not None and old["scheduled_us"] > now and not old["trigger"]
-            discarded = op in (Op.DISCARD_RUN, Op.PURGE_JOB) and old["state"] == "dead_letter"
+            discarded = op in (Op.DISCARD_RUN, Op.PURGE_JOB, Op.SWEEP_EXPIRED) and old["state"] == "dead_letter"
             assert old["state"] in TERMINAL or (ahead and old["state"] == "queued") or discarded, \
                 f"{run_id} deleted while {old['state']}"
             withdrew = withdrew or ahead
@@ -278,7 +285,7 @@ def check_transitions(before: Snapshot, after: Snapshot, now: int | None, op: Op
             two_steps = withdrew and move == ("completed", "paused")
             assert move[0] == move[1] or move in LEGAL_JOB or two_steps, f"job {job_id}: illegal {move[0]} -> {move[1]}"
     for job_id in before.jobs.keys() - after.jobs.keys():
-        assert op == Op.PURGE_JOB and before.jobs[job_id]["state"] in ("completed", "cancelled"), \
+        assert op in (Op.PURGE_JOB, Op.SWEEP_EXPIRED) and before.jobs[job_id]["state"] in ("completed", "cancelled"), \
             f"job {job_id} disappeared while {before.jobs[job_id]['state']}"
 
 
@@ -356,10 +363,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             specs = [{k: v for k, v in spec.items() if k not in JOB_DEFAULTS or k in given} for spec, given in specs]
         else:
             specs = [spec for spec, _ in specs]
+        if version < ops.RETENTION_SINCE:
+            specs = [{k: v for k, v in spec.items() if k not in RETENTION} for spec in specs]
         self.propose(Op.CREATE_JOBS, self.model.create, version, now=self.now, jobs=specs, claim_ahead_us=lookahead,
-                     grace_us=grace)
+                     grace_us=grace, finished_ttl_us=DEFAULT_TTL_US)
 
-    @initialize(jobs=st.lists(st.tuples(st.sampled_from(JOB_IDS), SCHEDULES, st.fixed_dictionaries(OPTIONS)),
+    @initialize(jobs=st.lists(st.tuples(st.sampled_from(JOB_IDS), SCHEDULES,
+                                        st.fixed_dictionaries(OPTIONS, optional=RETENTION)),
                               min_size=1, max_size=3), window=CLAIM_WINDOWS, version=VERSIONS)
     def seed(self, jobs: list[tuple[str, tuple[str, int], Rec]], window: tuple[int, int], version: int) -> None:
         """Every sequence starts with jobs, so the steps after have something to act on."""
@@ -367,7 +377,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.model.jobs) < len(JOB_IDS))  # a conflict still comes up often
     @rule(job_ids=st.lists(st.sampled_from(JOB_IDS), min_size=1, max_size=2), schedule=SCHEDULES,
-          opts=st.fixed_dictionaries(OPTIONS), window=CLAIM_WINDOWS, version=VERSIONS)
+          opts=st.fixed_dictionaries(OPTIONS, optional=RETENTION), window=CLAIM_WINDOWS, version=VERSIONS)
     def create(self, job_ids: list[str], schedule: tuple[str, int], opts: Rec, window: tuple[int, int],
                version: int) -> None:
         self._create([self._spec(j, schedule, opts) for j in job_ids], window, version)
@@ -375,6 +385,24 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(job_id=st.sampled_from(TARGETS), version=VERSIONS)
     def cancel(self, job_id: str, version: int) -> None:
         self.propose(Op.CANCEL_JOB, self.model.cancel, version, now=self.now, job_id=job_id)
+
+    @rule(dt=st.sampled_from([0, 1 * S, 2 * S, 5 * S, 40 * S]), runs_max=st.integers(1, 6),
+          drop=st.frozensets(PICK, max_size=2))
+    def sweep(self, dt: int, runs_max: int, drop: frozenset[int]) -> None:
+        """The leader's sweep after dt: the due expiry keys, judged on the store as the proposer
+        judges them; `drop` leaves some runs unnamed, as if the archive had not taken them."""
+        self.now += dt
+        with self.d.store.read() as txn:
+            due = queries.expiry_due(txn, self.d.store.tables, self.now, 50)
+            verdicts = retention.plan(records.Ctx(txn, self.d.store.tables, 0, 0, ops.VERSION), due, self.now,
+                                      runs_max)
+        named = [r for _, _, v in verdicts for r in v.runs]
+        unnamed = {named[i % len(named)] for i in drop} if named else set()
+        checks = [[c, j, [r for r in v.runs if r not in unnamed], v.job] for c, j, v in verdicts]
+        if checks:
+            updated = {j: job["updated_us"] for j, job in self.snap.jobs.items()}
+            self.propose(Op.SWEEP_EXPIRED, lambda index, cmd: self.model.sweep(index, cmd, updated), now=self.now,
+                         runs_max=runs_max, checks=checks)
 
     @rule(job_id=st.sampled_from(TARGETS), runs_max=st.integers(1, 3))
     def purge(self, job_id: str, runs_max: int) -> None:

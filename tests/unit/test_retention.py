@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from schedulerd.jobspec import JOB_DEFAULTS
-from storage import keys
+from storage import ops, queries, records, retention
 from storage.model import JobState, RunState
 from storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
@@ -161,3 +161,143 @@ def test_replicas_delete_the_same_records_at_the_same_index(tmp_path: pathlib.Pa
     for r in stores:
         purge(r, "rec", T0 + 32 * S, runs_max=2)
     assert stores[0].digest() == stores[1].digest() and stores[0].job("rec") is None
+
+
+# -- expiry by TTL -------------------------------------------------------------------------------
+
+TTL = 60 * S
+KEEP = {"finished_ttl_us": TTL, "history_ttl_us": TTL, "keep_dead_letters": False}
+
+
+def sweep(d: Driver, now: int, runs_max: int = 2000, only: set[str] | None = None) -> dict[str, Any]:
+    """What the leader does: judge the due keys on the store, then propose naming the verdicts
+    (with `only`, naming just those runs, as if it had archived no others)."""
+    with d.store.read() as txn:
+        due = queries.expiry_due(txn, d.store.tables, now, 1000)
+        verdicts = retention.plan(records.Ctx(txn, d.store.tables, 0, 0, ops.VERSION), due, now, runs_max)
+    checks = [[c, j, [r for r in v.runs if only is None or r in only], v.job] for c, j, v in verdicts]
+    return d.apply(Op.SWEEP_EXPIRED, now=now, runs_max=runs_max, checks=checks)
+
+
+def expiry_keys(d: Driver) -> list[tuple[int, str]]:
+    with d.store.read() as txn:
+        return queries.expiry_due(txn, d.store.tables, 2**63, 10_000)
+
+
+def one_off(d: Driver, job_id: str, outcome: str, **fields: Any) -> str:
+    """A one-off at T0 + 10 s whose run ends at T0 + 10 s: acked, nacked to a dead letter, or
+    skipped (its starting deadline passed before a worker came)."""
+    d.create(job_id, AT, **{**KEEP, "max_attempts": 1, "starting_deadline_us": 1 * S, **fields})
+    (run_id,) = d.claim_due(T0 + 10 * S)
+    if outcome == "skip":
+        assert d.lease(T0 + 10 * S + 1 * S + 1) == []
+        assert d.run(run_id)["state"] == RunState.SKIPPED
+        return run_id
+    return finish(d, T0 + 10 * S, outcome)["run_id"]
+
+
+@pytest.mark.parametrize("outcome", ["ack", "nack", "skip"])
+def test_a_finished_one_off_goes_a_ttl_after_it_finished(d: Driver, outcome: str) -> None:
+    run_id = one_off(d, "a", outcome, idempotency_key="k", request_hash="h")
+    ended = d.run(run_id)["finished_us"]
+    assert sweep(d, ended + TTL - 1) == {"deleted_jobs": 0, "deleted_runs": 0}
+    assert d.job("a") is not None
+    assert sweep(d, ended + TTL) == {"deleted_jobs": 1, "deleted_runs": 1}
+    assert d.job("a") is None and d.run(run_id) is None and expiry_keys(d) == []
+    assert table_sizes(d)["idempotency"] == 0 and d.state_counts() == {}
+
+
+def test_a_kept_dead_letter_keeps_its_job(d: Driver) -> None:
+    run_id = one_off(d, "a", "nack", keep_dead_letters=True)
+    assert sweep(d, T0 + 10 * S + 2 * TTL)["deleted_jobs"] == 0
+    assert d.run(run_id)["state"] == RunState.DEAD_LETTER and expiry_keys(d), "looked at again later"
+    d.apply(Op.DISCARD_RUN, now=T0 + 3 * TTL, run_id=run_id)
+    assert sweep(d, T0 + 10 * S + 4 * TTL)["deleted_jobs"] == 1
+
+
+def test_a_dead_letter_re_driven_within_the_ttl_runs_and_then_its_job_goes(d: Driver) -> None:
+    run_id = one_off(d, "a", "nack")
+    d.apply(Op.REDRIVE_RUN, now=T0 + 30 * S, run_id=run_id)
+    assert sweep(d, T0 + 10 * S + TTL)["deleted_jobs"] == 0, "its run is queued again: not finished"
+    (task,) = d.lease(T0 + 10 * S + TTL)
+    d.apply(Op.ACK, now=T0 + 10 * S + TTL, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    assert sweep(d, T0 + 10 * S + 2 * TTL - 1)["deleted_jobs"] == 0, "a TTL after the run ended, not before"
+    assert sweep(d, T0 + 10 * S + 3 * TTL)["deleted_jobs"] == 1
+
+
+def test_a_cancelled_repeating_job_goes_with_all_its_runs(d: Driver) -> None:
+    d.create("rec", EVERY, **{**KEEP, "history_ttl_us": 0})
+    for k in range(1, 5):
+        d.claim_due(T0 + 5 * k * S)
+        finish(d, T0 + 5 * k * S)
+    d.apply(Op.CANCEL_JOB, now=T0 + 21 * S, job_id="rec")
+    assert sweep(d, T0 + 21 * S + TTL) == {"deleted_jobs": 1, "deleted_runs": 4}
+    assert table_sizes(d)["occurrences"] == 0 and d.stored_stats("rec") is None
+
+
+def test_a_repeating_jobs_history_ages_whatever_history_limit_allows(d: Driver) -> None:
+    d.create("rec", EVERY, **{**KEEP, "history_ttl_us": 12 * S}, history_limit=100)
+    for k in range(1, 9):
+        d.claim_due(T0 + 5 * k * S)
+        finish(d, T0 + 5 * k * S)
+    assert len(d.runs("rec")) == 8
+    result = sweep(d, T0 + 41 * S)
+    # Runs that ended at 5..25 s are 16..36 s old: more than 12 s. 30..40 s ones stay.
+    assert result == {"deleted_jobs": 0, "deleted_runs": 5}
+    assert [r["scheduled_us"] for r in d.runs("rec")] == [T0 + 30 * S, T0 + 35 * S, T0 + 40 * S]
+    assert d.stored_stats("rec")["runs"] == 3 and d.job("rec")["state"] == JobState.SCHEDULED
+    assert min(t for t, _ in expiry_keys(d)) == T0 + 42 * S, "next look: when the oldest left turns 12 s"
+
+
+def test_a_large_backlog_goes_in_bounded_entries(d: Driver) -> None:
+    d.create("rec", EVERY, **{**KEEP, "history_ttl_us": 0}, history_limit=100)
+    for k in range(1, 11):
+        d.claim_due(T0 + 5 * k * S)
+        finish(d, T0 + 5 * k * S)
+    d.apply(Op.CANCEL_JOB, now=T0 + 51 * S, job_id="rec")
+    steps = []
+    while d.job("rec") is not None:
+        steps.append(sweep(d, T0 + 51 * S + TTL, runs_max=4)["deleted_runs"])
+    assert steps == [4, 4, 2]
+
+
+def test_only_what_the_proposer_named_is_deleted(d: Driver) -> None:
+    d.create("rec", EVERY, **{**KEEP, "history_ttl_us": 0})
+    names = []
+    for k in range(1, 4):
+        d.claim_due(T0 + 5 * k * S)
+        names.append(finish(d, T0 + 5 * k * S)["run_id"])
+    d.apply(Op.CANCEL_JOB, now=T0 + 16 * S, job_id="rec")
+    assert sweep(d, T0 + 16 * S + TTL, only={names[0]}) == {"deleted_jobs": 0, "deleted_runs": 1}
+    assert d.job("rec") is not None, "a run it did not archive is still there: the job stays"
+    assert sweep(d, T0 + 16 * S + TTL) == {"deleted_jobs": 1, "deleted_runs": 2}
+
+
+def test_a_ttl_of_zero_keeps_forever_and_an_update_sets_one(d: Driver) -> None:
+    one_off(d, "a", "ack", finished_ttl_us=0, history_ttl_us=0)
+    assert expiry_keys(d) == []
+    d.apply(Op.UPDATE_JOB, now=T0 + 20 * S, job_id="a", changes={"finished_ttl_us": 5 * S})
+    assert sweep(d, T0 + 25 * S)["deleted_jobs"] == 1
+
+
+def test_a_key_left_behind_by_a_purge_judges_the_job_created_again(d: Driver) -> None:
+    one_off(d, "a", "ack")
+    assert purge(d, "a", T0 + 11 * S)["done"] and expiry_keys(d)
+    d.create("a", EVERY, **KEEP)
+    assert sweep(d, T0 + 10 * S + TTL)["deleted_jobs"] == 0 and d.job("a")["state"] == JobState.SCHEDULED
+
+
+def test_replicas_sweep_the_same_records_at_the_same_index(tmp_path: pathlib.Path) -> None:
+    stores = [Driver(str(tmp_path / f"r{i}")) for i in range(2)]
+    for r in stores:
+        one_off(r, "a", "ack")
+        one_off(r, "b", "nack", keep_dead_letters=True)
+        r.create("rec", EVERY, **{**KEEP, "history_ttl_us": 8 * S})
+        for k in range(3, 6):
+            r.claim_due(T0 + 5 * k * S)
+            finish(r, T0 + 5 * k * S)
+        sweep(r, T0 + 10 * S + TTL, runs_max=3)
+    assert stores[0].digest() == stores[1].digest()
+    for r in stores:
+        sweep(r, T0 + 10 * S + TTL)
+    assert stores[0].digest() == stores[1].digest() and stores[0].job("a") is None and stores[0].job("b")
