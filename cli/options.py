@@ -28,7 +28,8 @@ PLAIN_FIELDS = {
     "priority": "priority", "misfire": "misfire_policy", "catchup_limit": "catchup_limit",
     "starting_deadline": "starting_deadline_s", "overlap": "overlap_policy",
     "timeout_s": "timeout_s", "jitter_s": "jitter_s", "history_limit": "history_limit",
-    "idempotency_key": "idempotency_key",
+    "idempotency_key": "idempotency_key", "finished_ttl_s": "finished_ttl_s", "history_ttl_s": "history_ttl_s",
+    "keep_dead_letters": "keep_dead_letters",
 }
 # Parts of `backoff`; only the given ones are sent, the server fills the rest
 # (create) or keeps them (update).
@@ -74,6 +75,14 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
                      help="Start each occurrence up to this much later [0]."),
         click.option("--history-limit", type=_ints("history_limit"), metavar="N",
                      help="Finished runs kept [100]."),
+        click.option("--finished-ttl-s", type=_ints("finished_ttl_s"), metavar="SECONDS",
+                     help="Delete the job with its runs this long after it finished; 0: keep it "
+                          "[the server's --finished-ttl]."),
+        click.option("--history-ttl-s", type=_ints("history_ttl_s"), metavar="SECONDS",
+                     help="Delete runs this long after they ended, whatever --history-limit allows "
+                          "[--finished-ttl-s]."),
+        click.option("--keep-dead-letters/--no-keep-dead-letters", default=None,
+                     help="Keep dead letters (and the job) until re-driven or discarded [no]."),
         click.option("--target-url", metavar="URL",
                      help="Run with the built-in HTTP executor (schedctl worker http): call this URL."),
         click.option("--target-method", type=click.Choice(TARGET_METHODS), help="HTTP method [POST]."),

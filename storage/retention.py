@@ -134,8 +134,10 @@ def _age(ctx: Ctx, job: Record, now: int, ttl: int, budget: int, whole: bool) ->
                 or (state == RUN_DEAD_LETTER and keep_dead):
             kept = True
             continue
-        if run["finished_us"] + ttl > now:
-            verdict.next_check_us = run["finished_us"] + ttl
+        # Every ended run has its end time; a record without one counts from its creation.
+        ended = run["finished_us"] if run["finished_us"] is not None else run["created_us"]
+        if ended + ttl > now:
+            verdict.next_check_us = ended + ttl
             return verdict
         verdict.runs.append(run_id)
     if len(run_ids) > budget:

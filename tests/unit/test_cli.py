@@ -244,11 +244,13 @@ def test_server_list_fails_over_and_env_var_is_read(one):
 ALL_OPTION_FLAGS = ["--misfire", "skip", "--catchup-limit", "50", "--starting-deadline", "600",
                     "--overlap", "buffer_one", "--backoff-base-ms", "500", "--backoff-factor",
                     "3", "--backoff-max-ms", "60000", "--timeout-s", "120", "--jitter-s", "30",
-                    "--history-limit", "20"]
+                    "--history-limit", "20", "--finished-ttl-s", "3600", "--history-ttl-s", "86400",
+                    "--keep-dead-letters"]
 ALL_OPTION_FIELDS = {"misfire_policy": "skip", "catchup_limit": 50, "starting_deadline_s": 600,
                      "overlap_policy": "buffer_one",
                      "backoff": {"base_ms": 500, "factor": 3.0, "max_ms": 60000},
-                     "timeout_s": 120, "jitter_s": 30, "history_limit": 20}
+                     "timeout_s": 120, "jitter_s": 30, "history_limit": 20, "finished_ttl_s": 3600,
+                     "history_ttl_s": 86400, "keep_dead_letters": True}
 
 
 def test_create_sends_every_scheduling_option_and_the_idempotency_key(one):
