@@ -89,26 +89,25 @@ class ExposurePolicy:
     allowed_hosts: tuple[str, ...] = ()
     # Origins whose pages may change things and read answers (--allowed-origins).
     allowed_origins: tuple[str, ...] = ()
+    # The node's own names: localhost, the loopback addresses, the bind address, and the
+    # machine's host name and FQDN, looked up once (getfqdn may ask DNS).
+    own_names: frozenset[str] = frozenset()
 
     @classmethod
     def build(cls, bind_host: str, allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...]) \
             -> "ExposurePolicy":
         """Validated and normalized; raises ValueError naming the bad entry."""
+        own = {"localhost", "127.0.0.1", "::1", bind_host.lower().strip("[]"),
+               socket.gethostname().lower(), socket.getfqdn().lower()}
         return cls(bind_host.lower(), tuple(check_host_pattern(h) for h in allowed_hosts),
-                   tuple(check_origin(o) for o in allowed_origins))
-
-    def own_names(self) -> frozenset[str]:
-        names = {"localhost", "127.0.0.1", "::1", self.bind_host.strip("[]")}
-        for name in (socket.gethostname(), socket.getfqdn()):
-            names.add(name.lower())
-        return frozenset(names)
+                   tuple(check_origin(o) for o in allowed_origins), frozenset(own))
 
     def host_allowed(self, host_header: str | None) -> bool:
         """Whether a request naming this Host is for this node (no Host: not a browser's)."""
         if host_header is None or ANY_HOST in self.allowed_hosts:
             return True
         host = _host_name(host_header)
-        if host in self.own_names() or host in self.allowed_hosts:
+        if host in self.own_names or host in self.allowed_hosts:
             return True
         if any(p.startswith(".") and (host.endswith(p) or host == p[1:]) for p in self.allowed_hosts):
             return True

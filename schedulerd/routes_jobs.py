@@ -184,18 +184,12 @@ def routes(node: Node) -> list[web.RouteDef]:
         req.check_query(request, frozenset({"purge"}))
         purge = req.query_bool(request, "purge")
         job_id = _job_id(request)
-        if purge:
-            node.require_entry_version(node.group_of_job(job_id), ops.PURGE_SINCE, "a purge")
+        cancelling = audit_note(request, f"cancel job {job_id}")
         if not purge:
-            await _job_command(node, Op.CANCEL_JOB, job_id, {"audit": audit_note(request, f"cancel job {job_id}")})
+            await _job_command(node, Op.CANCEL_JOB, job_id, {"audit": cancelling})
             return views.respond(_job_view(node, job_id))
-        state = _job_record(node, job_id)["state"]
-        if state != JobState.CANCELLED:
-            result = await node.propose(node.group_of_job(job_id), Op.CANCEL_JOB, {
-                "job_id": job_id, "audit": audit_note(request, f"cancel job {job_id}")})
-            # A completed job with nothing left to cancel is refused as a conflict: purge it as it is.
-            if not result["ok"] and not (state == JobState.COMPLETED and result["code"] == "conflict"):
-                raise from_wire(result["code"], result["message"])
+        node.require_entry_version(node.group_of_job(job_id), ops.PURGE_SINCE, "a purge")
+        await _finish(node, job_id, cancelling)
         deleted = await _purge(node, job_id, audit_note(request, f"purge job {job_id}"))
         return views.respond({"job_id": namespaces.split(job_id)[1], "purged": True, "deleted_runs": deleted})
 
@@ -305,6 +299,17 @@ async def _create(node: Node, creates: Coalescer, specs: list[dict[str, Any]]) -
         for position, r in zip(positions, results):
             out[position] = r
     return out
+
+
+async def _finish(node: Node, job_id: str, audit: dict[str, Any]) -> None:
+    """Cancel a job before its purge, unless it is cancelled, or completed with nothing
+    left to cancel (which a cancel refuses as a conflict)."""
+    state = _job_record(node, job_id)["state"]
+    if state == JobState.CANCELLED:
+        return
+    result = await node.propose(node.group_of_job(job_id), Op.CANCEL_JOB, {"job_id": job_id, "audit": audit})
+    if not result["ok"] and not (state == JobState.COMPLETED and result["code"] == "conflict"):
+        raise from_wire(result["code"], result["message"])
 
 
 async def _purge(node: Node, job_id: str, audit: dict[str, Any]) -> int:

@@ -45,22 +45,33 @@ class Sweeper:
         """One sweep entry; True if it took a full batch of keys (more may be due)."""
         limits = self.node.config.limits
         now = group.clocks.cluster_now_us()
-        with self.node.read(group) as (txn, tables):
-            due = queries.expiry_due(txn, tables, now, limits.sweep_batch_max)
-            if not due:
-                return False
-            ctx = records.Ctx(txn, tables, group.group_id, 0, ops.VERSION)
-            verdicts = retention.plan(ctx, due, now, limits.sweep_runs_max)
-            going = _archive_records(ctx, verdicts, group.group_id, now) if self.node.config.archive_dir else []
-        if going:
-            path = await asyncio.to_thread(archive.write, self.node.config.archive_dir, group.group_id, now, going)
-            log.debug("archived group=%d records=%d path=%s", group.group_id, len(going), path)
+        # Judging a batch and writing the archive take milliseconds: off the event loop,
+        # which serves the polls and acks meanwhile.
+        due, verdicts = await asyncio.to_thread(self._judge_and_archive, group, now)
+        if not verdicts:
+            return False
         result = await self.node.propose(group, Op.SWEEP_EXPIRED, {
             "now": now, "runs_max": limits.sweep_runs_max,
             "checks": [[check_us, job_id, v.runs, v.job] for check_us, job_id, v in verdicts]})
         if result["deleted_jobs"] or result["deleted_runs"]:
-            log.info("swept group=%d jobs=%d runs=%d", group.group_id, result["deleted_jobs"], result["deleted_runs"])
-        return len(due) >= limits.sweep_batch_max
+            log.debug("swept group=%d jobs=%d runs=%d", group.group_id, result["deleted_jobs"],
+                      result["deleted_runs"])
+        return due >= limits.sweep_batch_max
+
+    def _judge_and_archive(self, group: Group, now: int) -> tuple[int, list[tuple[int, str, retention.Verdict]]]:
+        """(due keys read, their verdicts), with what the verdicts delete archived and fsynced."""
+        limits, archive_dir = self.node.config.limits, self.node.config.archive_dir
+        with self.node.read(group) as (txn, tables):
+            due = queries.expiry_due(txn, tables, now, limits.sweep_batch_max)
+            if not due:
+                return 0, []
+            ctx = records.Ctx(txn, tables, group.group_id, 0, ops.VERSION)
+            verdicts = retention.plan(ctx, due, now, limits.sweep_runs_max)
+            going = _archive_records(ctx, verdicts, group.group_id, now) if archive_dir else []
+        if going:
+            path = archive.write(archive_dir, group.group_id, now, going)
+            log.debug("archived group=%d records=%d path=%s", group.group_id, len(going), path)
+        return len(due), verdicts
 
 
 def _archive_records(ctx: records.Ctx, verdicts: list[tuple[int, str, retention.Verdict]], group_id: int,

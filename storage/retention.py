@@ -106,29 +106,33 @@ def judge(ctx: Ctx, job_id: str, now: int, budget: int) -> Verdict:
     if job is None:
         return Verdict()
     finished_ttl, history_ttl = job.get("finished_ttl_us", 0), job.get("history_ttl_us", 0)
-    stats = records.job_stats(ctx, job_id)
-    closed = job["state"] in FINISHED_JOB_STATES and not stats["pending"] and not stats["running"]
+    if not finished_ttl and not history_ttl:
+        return Verdict()
+    # Read once: the runs a budget allows, oldest first; they also tell whether the job is
+    # closed when they are all of its runs (a one-off's one), else its counts do.
+    run_ids = records.occurrence_runs(ctx, job_id, budget + 1)
+    runs = [run for run in (records.get_run(ctx, run_id) for run_id in run_ids[:budget]) if run is not None]
+    if len(run_ids) <= budget:
+        open_runs = any(run["state"] in PENDING_RUN_STATES or run["state"] == RUN_RUNNING for run in runs)
+    else:
+        stats = records.job_stats(ctx, job_id)
+        open_runs = bool(stats["pending"] or stats["running"])
+    closed = job["state"] in FINISHED_JOB_STATES and not open_runs
     if closed and finished_ttl:
-        return _age(ctx, job, now, finished_ttl, budget, whole=True)
+        return _age(job, runs, len(run_ids) > budget, now, finished_ttl, whole=True)
     if history_ttl:
-        return _age(ctx, job, now, history_ttl, budget, whole=False)
-    if finished_ttl and not closed:
-        return Verdict(next_check_us=now + finished_ttl)  # look again once its runs may be done
-    return Verdict()
+        return _age(job, runs, len(run_ids) > budget, now, history_ttl, whole=False)
+    return Verdict(next_check_us=now + finished_ttl, read=len(runs))  # look again once its runs may be done
 
 
-def _age(ctx: Ctx, job: Record, now: int, ttl: int, budget: int, whole: bool) -> Verdict:
+def _age(job: Record, runs: list[Record], more: bool, now: int, ttl: int, whole: bool) -> Verdict:
     """Runs that finished `ttl` ago or more go, oldest first; with `whole`, the job too once
-    none is left. A run not yet that old stops the scan and says when to look again."""
+    none is left. A run not yet that old stops the scan and says when to look again. `more`:
+    the job has runs past these, for a later look."""
     keep_dead = job.get("keep_dead_letters", False)
-    verdict = Verdict()
+    verdict = Verdict(read=len(runs))
     kept = False
-    run_ids = records.occurrence_runs(ctx, job["job_id"], budget + 1)
-    for run_id in run_ids[:budget]:
-        verdict.read += 1
-        run = records.get_run(ctx, run_id)
-        if run is None:
-            continue
+    for run in runs:
         state = run["state"]
         if state in PENDING_RUN_STATES or state == RUN_RUNNING or run["scheduled_us"] >= now \
                 or (state == RUN_DEAD_LETTER and keep_dead):
@@ -139,8 +143,8 @@ def _age(ctx: Ctx, job: Record, now: int, ttl: int, budget: int, whole: bool) ->
         if ended + ttl > now:
             verdict.next_check_us = ended + ttl
             return verdict
-        verdict.runs.append(run_id)
-    if len(run_ids) > budget:
+        verdict.runs.append(run["run_id"])
+    if more:
         verdict.next_check_us = now  # more to read: the next sweep goes on
     elif whole and not kept and job["updated_us"] + ttl <= now:
         verdict.job = True

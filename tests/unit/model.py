@@ -449,19 +449,21 @@ class Model:
         runs = self.job_runs(job_id)
         closed = job["state"] in ("completed", "cancelled") and not any(r["state"] in OPEN for r in runs)
         finished_ttl, history_ttl = job.get("finished_ttl_us", 0), job.get("history_ttl_us", 0)
+        if not finished_ttl and not history_ttl:
+            return [], False, 0
+        read = min(len(runs), budget)  # a judgement reads the runs its budget allows, whatever it finds
         ttl, whole = (finished_ttl, True) if closed and finished_ttl else (history_ttl, False)
         if not ttl:
-            return [], False, 0
+            return [], False, read
         going, kept = [], False
-        for n, run in enumerate(runs[:budget], 1):
+        for run in runs[:budget]:
             if run["state"] in OPEN or run["scheduled_us"] >= now or \
                     (run["state"] == "dead_letter" and job.get("keep_dead_letters")):
                 kept = True
             elif run["finished_us"] + ttl > now:
-                return going, False, n  # a run not that old yet: the rest wait for a later look
+                return going, False, read  # a run not that old yet: the rest wait for a later look
             else:
                 going.append(run["run_id"])
-        read = min(len(runs), budget)
         gone = whole and len(runs) <= budget and not kept and updated is not None and updated + ttl <= now
         return going, gone, read
 
