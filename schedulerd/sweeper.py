@@ -3,8 +3,8 @@ by now, judges them on its replica (storage/retention.py), archives what will go
 (--archive-dir) and proposes SWEEP_EXPIRED naming it. Apply judges again on every
 replica and deletes only what was named, so nothing leaves the store unarchived.
 
-Its own loop beside the due scan's (LeaderLoops runs both): a sweep of a large backlog never holds up a
-claim, and its rate is capped (sweep_keys_per_s_max)."""
+Its own loop beside the due scan's (LeaderLoops runs both): a sweep of a large
+backlog never holds up a claim, and its rate is capped (sweep_keys_per_s_max)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,9 +13,9 @@ from typing import Any
 
 from raft.group import Group
 from schedulerd import archive, views
-from schedulerd.timefmt import to_iso
 from schedulerd.errors import SchedulerError
 from schedulerd.node import Node
+from schedulerd.timefmt import to_iso
 from storage import ops, queries, records, retention
 from storage.ops import Op
 
