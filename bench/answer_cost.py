@@ -6,7 +6,7 @@ the bench feeder building the request body. No network, no cluster.
     python -m bench.answer_cost [--jobs 100000]
 
 The nodes, the workers and the feeder share the box's two cores, so a µs here is
-a µs the cluster under test does not get (docs/performance.md, sixteenth round)."""
+a µs the cluster under test does not get."""
 from __future__ import annotations
 
 import argparse

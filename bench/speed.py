@@ -2,7 +2,7 @@
 
 The shared 2-core VMs this bench runs on change speed on their own: a fixed piece of
 pure-Python work costs up to 1.6x the CPU in some stretches of seconds as in others, on
-an idle box as much as under load (docs/performance.md, eleventh round). A run that
+an idle box as much as under load. A run that
 falls in a slow stretch takes up to 1.6x as long for the same work, so each figure that
 is a wall time is reported beside the box's speed over its window.
 

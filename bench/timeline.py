@@ -8,7 +8,7 @@ and the page cache's dirty and under-writeback bytes.
 
 Run it in a second shell as a bench starts. A bench's own figures are per 10 s window;
 this shows what happens inside one, such as the kernel writing back a gigabyte of the
-nodes' LMDB files at once (docs/performance.md, twenty-eighth round)."""
+nodes' LMDB files at once."""
 from __future__ import annotations
 
 import argparse

@@ -45,7 +45,7 @@ class RaftConfig:
     # A data dir's first snapshot is taken once the journal holds this much. It is copied
     # in the tick thread, by every replica at the same log index (raft/snapshot_writer.py):
     # taken by the rules above, a busy new cluster's first copy held all three nodes'
-    # ticks for 0.76 s at once (docs/performance.md, sixteenth round).
+    # ticks for 0.76 s at once.
     compaction_first_journal_bytes: int = 1 << 20
     # Snapshot bytes per Raft message when a lagging node is sent the leader's snapshot
     # (pysyncobj's default is 64 KiB); also the socket buffer sizes. The leader queues

@@ -30,8 +30,7 @@ log = logging.getLogger("schedulerd.raft")
 # object (each entry is one) as a latin-1 str and reads it back through codecs. For a
 # 150-job create entry, protocol 5 pickles the command in 0.7 µs against 15.7, unpickles
 # it in 0.6 against 13.4, and pickles and compresses an append carrying it in 28 µs
-# against 109 (`python -m bench.pickle_cost`; docs/performance.md, twenty-seventh
-# round). Every reader takes any protocol, so nodes of older builds read these messages
+# against 109. Every reader takes any protocol, so nodes of older builds read these messages
 # and journals unchanged.
 PICKLE_PROTOCOL = 5
 setattr(pysyncobj.pickle, "__protocol", PICKLE_PROTOCOL)

@@ -41,8 +41,7 @@ _SYNC_EVERY = 16 << 20
 # A paced copy is written this much at a time. A journal fdatasync that lands while a
 # copy's write is in the disk's queue waits for all of it: with a 259 MiB copy at
 # 100 MiB/s, a probe's fdatasync p99 was 0.86-2.55 ms in 1 MiB writes, 0.56-1.01 ms in
-# 256 KiB ones; 64 KiB ones did no better and cost a fifth more CPU
-# (bench.snapshot_cost; docs/performance.md, thirtieth round).
+# 256 KiB ones; 64 KiB ones did no better and cost a fifth more CPU.
 _WRITE_PIECE = 256 << 10
 # O_DIRECT needs offsets, sizes and buffers in multiples of the device's block size.
 _ALIGN = 4096
@@ -64,9 +63,9 @@ def _write_store(env: lmdb.Environment, path: str, header: dict[str, Any], bytes
     fills the page cache nor leaves dirty pages behind: a node's journal fdatasync
     flushes the disk's queue, and every byte of a copy in that queue is waited for.
     With a buffered 554 MB copy running, a 2 KB append's fdatasync went from p99 1 ms
-    to 43-96 ms; written direct, to 12-23 ms, and paced at 100 MB/s to 5-6 ms
-    (docs/performance.md, fifteenth round). Without O_DIRECT the copy is buffered
-    and fdatasynced every _SYNC_EVERY bytes, so no long flush builds up.
+    to 43-96 ms; written direct, to 12-23 ms, and paced at 100 MB/s to 5-6 ms.
+    Without O_DIRECT the copy is buffered and fdatasynced every _SYNC_EVERY bytes, so
+    no long flush builds up.
 
     A file already at path is written over and cut to length at the end, never
     emptied first: the snapshot writer hands in the previous snapshot's file, so a

@@ -29,7 +29,7 @@ class NodeConfig:
     # A poll served by a follower asks to lease only runs ready at least this long. A
     # newly ready run is leased first by the leader's own polls, a commit closer; a
     # follower asking at once raced them, and at 300 jobs/s 39% of LEASE_READY entries,
-    # each fsynced by every node, leased nothing (docs/performance.md, thirtieth round).
+    # each fsynced by every node, leased nothing.
     # Runs that wait longer (no poll free on the leader, a backlog) are asked for as before.
     follower_lease_defer_s: float = 0.02
     # How often the group leader scans the due index and the lease-expiry index.
@@ -55,7 +55,7 @@ class NodeConfig:
     # Container objects allocated (net) before the cyclic garbage collector's youngest
     # generation runs; CPython's default is 700. Apply makes and drops a few dozen dicts
     # per job, nearly all freed by reference counting, yet at 700 the collector ran ~100
-    # times a second per node and took 10-20% of apply (docs/performance.md, twelfth round).
+    # times a second per node and took 10-20% of apply.
     gc_young_objects: int = gctune.YOUNG_OBJECTS
 
     def validate(self) -> None:

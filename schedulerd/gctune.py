@@ -4,8 +4,7 @@ run`, or any program around `Worker.run` that calls `tune_gc` first).
 
 Both make and drop a few dozen small containers per job, nearly all freed by reference
 counting. At CPython's default of a young-generation run every 700 allocations the
-collector took 10-20% of a node's apply and about a fifth of a busy worker's CPU
-(docs/performance.md, twelfth and thirteenth rounds)."""
+collector took 10-20% of a node's apply and about a fifth of a busy worker's CPU."""
 from __future__ import annotations
 
 import gc

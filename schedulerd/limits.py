@@ -23,8 +23,7 @@ class Limits:
     # Encoded size that concurrent creates may share in one Raft entry (a single create
     # or batch request above it still goes alone). Each node commits one create entry at
     # a time, so this over the commit latency bounds the node's create rate: at 256 KiB
-    # (~500 jobs) followers topped out near 2,600 jobs/s each (docs/performance.md,
-    # twelfth round).
+    # (~500 jobs) followers topped out near 2,600 jobs/s each.
     create_entry_bytes_max: int = 1024 * 1024
     # Due occurrences claimed in one Raft entry.
     claim_batch_max: int = 500
@@ -32,7 +31,7 @@ class Limits:
     scan_batch_max: int = 2000
     # Runs leased in one Raft entry and tasks in one poll response. A worker with many
     # slots fills them in fewer polls and lease entries (spike drain 9.2 s -> 6.3-8.8 s
-    # at 500, docs/performance.md); a response stays under 500 x (payload_bytes_max + 1 KiB).
+    # at 500); a response stays under 500 x (payload_bytes_max + 1 KiB).
     lease_batch_max: int = 500
     # Runs leased in one Raft entry across the polls that share it, counted by what each
     # poll asks for: several workers' polls of lease_batch_max must fit one entry.

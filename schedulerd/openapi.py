@@ -82,7 +82,8 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
             "get": {"summary": "Get a job", "tags": ["jobs"], "parameters": [JOB_PARAM],
                     "responses": _ok("The job.", JOB)},
             "patch": {"summary": "Change a job (runs already claimed keep theirs)", "tags": ["jobs"],
-                      "parameters": [JOB_PARAM], "requestBody": _body(job_patch(limits)), "responses": _ok("The job.", JOB)},
+                      "parameters": [JOB_PARAM], "requestBody": _body(job_patch(limits)),
+                      "responses": _ok("The job.", JOB)},
             "delete": {"summary": "Cancel a job: no new occurrences; queued runs cancelled. With purge=true, "
                                   "then delete it and its runs (its id may be created again)", "tags": ["jobs"],
                        "parameters": [JOB_PARAM, _param("purge", "query", {"type": "string", "enum": ["true", "false"],

@@ -129,15 +129,14 @@ RETURN_MINIMAL = "return=minimal"
 def prefers_minimal(request: web.Request) -> bool:
     """`Prefer: return=minimal` (RFC 7240): a batch create answers each job's outcome without
     its view. An importer of many jobs rarely reads them back, and rendering and sending
-    ~580 bytes per job cost the serving node ~4 µs of CPU per job (docs/performance.md,
-    sixteenth round)."""
+    ~580 bytes per job cost the serving node ~4 µs of CPU per job."""
     return any(part.split(";", 1)[0].strip().lower() == RETURN_MINIMAL
                for value in request.headers.getall("Prefer", ()) for part in value.split(","))
 
 
 def respond(body: Any, status: int = 200) -> web.Response:
     """Every API answer: encoded by msgspec, ~11x faster than json.dumps for a batch
-    create's job views (docs/performance.md, ninth round), and the only encoder that
+    create's job views, and the only encoder that
     writes a job's stored payload (`msgspec.Raw`) without parsing it first."""
     return web.Response(body=_COMPACT.encode(body), status=status, content_type="application/json")
 

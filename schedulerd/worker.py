@@ -83,7 +83,7 @@ class _PollAnswer(msgspec.Struct):
 
 
 # A poll's answer, read straight into Tasks (times with their zone required): 2.4 µs
-# a task against 8.2 for a dict and then the Task built from it (docs/performance.md).
+# a task against 8.2 for a dict and then the Task built from it.
 _POLL_ANSWER = msgspec.json.Decoder(_PollAnswer)
 
 
@@ -110,7 +110,7 @@ class _Slots:
     """The worker's task slots. A poll takes at once as many free slots as it may fill;
     each task gives its one back when its handler returns. A count and an event rather
     than an asyncio.Semaphore taken and given one slot at a time: 9.6% fewer instructions
-    per task (docs/performance.md, twenty-eighth round)."""
+    per task."""
 
     def __init__(self, count: int) -> None:
         self.free = count

@@ -36,8 +36,8 @@ class Layouts:
 
     Most of a job or run map's bytes are its key names: as arrays, a bench job takes
     179 bytes, not 422, and a run 146, not 374. That is the page cache each replica
-    dirties per commit, and the pages LMDB copies and splits (docs/performance.md,
-    twenty-ninth round). A layout's number and fields are part of the stored format:
+    dirties per commit, and the pages LMDB copies and splits. A layout's number and
+    fields are part of the stored format:
     add layouts, never change or renumber one."""
 
     def __init__(self, kind: str, layouts: tuple[tuple[str, ...], ...]) -> None:
@@ -62,7 +62,7 @@ class Layouts:
     def partial_decoder(self, fields: type[T]) -> Callable[[bytes], T]:
         """A decoder of the fields named by the Struct `fields` out of a record stored
         either way, the others skipped unbuilt: a job read for its payload and target
-        alone costs a quarter of a full unpack (docs/performance.md, eleventh round).
+        alone costs a quarter of a full unpack.
         Every layout must hold those fields."""
         by_map = msgspec.msgpack.Decoder(fields)
         names = fields.__struct_fields__

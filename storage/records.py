@@ -7,8 +7,7 @@ records they point at.
 The LMDB calls here pass their options by position: put(key, value, dupdata,
 overwrite, append, db), get(key, default, db), delete(key, value, db). py-lmdb
 parses keyword arguments at ~70 ns a call, and apply makes ~14 of these calls per
-job on every replica: by position, apply runs 3.8% fewer instructions
-(docs/performance.md, twenty-sixth round)."""
+job on every replica: by position, apply runs 3.8% fewer instructions."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

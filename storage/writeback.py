@@ -118,12 +118,11 @@ class WritebackPacer:
     The file's own growth tells the rates apart. At 10,000 jobs/s each node's store
     dirtied 50-70 MB per 5 s, and the kernel's burst every 30 s stalled the journals. At
     300 jobs/s over a 1,000,000-job store it dirtied ~2 MB per 5 s: the kernel's burst is
-    small, and pacing would only write the hot pages six times as often (paced regardless,
-    one scale run's p99 was 1.50x the small store's; docs/performance.md, twenty-ninth
-    round). The box's dirty total, the first gate, counts every other program's pages
-    too: two clusters at 300 jobs/s held 55-177 MB between them and paced each other.
-    Neither gate measurably changed the scale ratio (box total: 1.19-1.23x in three
-    runs; file growth: 1.27x in one; thirtieth round); the box's total stays as the
+    small, and pacing would only write the hot pages six times as often. The box's
+    dirty total, the first gate, counts every other program's pages too: two clusters
+    at 300 jobs/s held 55-177 MB between them and paced each other. Neither gate
+    measurably changed the scale ratio (box total: 1.19-1.23x in three runs; file
+    growth: 1.27x in one); the box's total stays as the
     fallback where cachestat(2) is missing. The file is opened afresh each time: a
     snapshot restore replaces it."""
 
