@@ -110,6 +110,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="then the same on a fresh cluster with --finished-ttl 0, side by side")
     s.add_argument("--lead-s", type=float, default=5.0, help="each job is created this long before it is due")
     s.add_argument("--drain-s", type=float, default=30.0, help="wait this long after the last due time")
+    s.add_argument("--backlog-s", type=float, default=0.0,
+                   help="the jobs due in the first this many seconds all expire at once, one TTL after the last "
+                        "of them: a sweep of a backlog beside the steady load")
+    s.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                   help="the nodes' --limit (repeatable), e.g. sweep_batch_max=25")
     return p.parse_args(argv)
 
 
@@ -132,7 +137,7 @@ def run(a: argparse.Namespace, opts: Options) -> scenarios.Report:
         return sd_scenarios.scale(opts, a.live, a.baseline_live, a.rate, a.duration, a.lead_s, a.drain_s)
     if a.scenario == "retention":
         return retention.retention(opts, a.finished_ttl, a.rate, a.duration, a.lead_s, a.drain_s, a.sample_s,
-                                   a.tail_s, a.compare)
+                                   a.tail_s, a.compare, a.backlog_s, tuple(a.limit))
     return sd_scenarios.failover(opts, a.rate, a.duration, a.kill_after_s, a.lead_s, a.drain_s)
 
 

@@ -102,7 +102,8 @@ async def feed_oneoff(urls: list[str], plan: OneOff, batch: int, in_flight: int)
         async def send(first: int, lo: int, hi: int) -> None:
             try:
                 dues = [plan.due(k) for k in range(lo, hi)]
-                jobs = [job_body(plan.job_id(k), {"at": iso_us(d)}) for k, d in zip(range(lo, hi), dues)]
+                jobs = [job_body(plan.job_id(k), {"at": iso_us(d)}) | plan.fields(k)
+                        for k, d in zip(range(lo, hi), dues)]
                 await _post_jobs(session, urls, first, jobs, dues, stats)
             finally:
                 sem.release()

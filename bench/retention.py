@@ -214,21 +214,25 @@ def window_lateness(records: list[Record], samples: list[dict[str, Any]]) -> Non
 
 
 def retention_once(opts: Options, label: str, ttl: str, rate: float, duration_s: float, lead_s: float,
-                   drain_s: float, sample_s: float, tail_s: float) -> Run:
-    """A fresh cluster with `--finished-ttl ttl`, a steady run on it (steady_once), sampled
-    from before the first create until tail_s after the run; everything stopped before
-    it returns."""
+                   drain_s: float, sample_s: float, tail_s: float, backlog_s: float = 0.0,
+                   limits: tuple[str, ...] = ()) -> Run:
+    """A fresh cluster with `--finished-ttl ttl` (and `--limit` each of limits), a steady
+    run on it (steady_once), sampled from before the first create until tail_s after the
+    run; everything stopped before it returns. backlog_s > 0: the jobs due in the first
+    backlog_s seconds all expire together, one TTL after the last of them is due."""
     run = Run(label, ttl)
     lifetime = lead_s + PROCESS_START_S + duration_s + drain_s + tail_s + WORKER_LIFETIME_MARGIN_S
+    node_args = ("--finished-ttl", ttl, *(arg for limit in limits for arg in ("--limit", limit)))
     system = SdSystem(opts.run_dir, opts.workers, opts.worker_concurrency, opts.in_flight,
-                      node_args=("--finished-ttl", ttl), worker_lifetime_s=lifetime)
+                      node_args=node_args, worker_lifetime_s=lifetime)
     sampler = StoreSampler(system, sample_s)
     run.info["uptime"] = [f"before: {uptime_line()}"]
     try:
         system.setup()
         sampler.start()
         prefix = "rt"
-        run.stats, info = steady_once(system, rate, duration_s, lead_s, drain_s, prefix, opts.profile_s)
+        run.stats, info = steady_once(system, rate, duration_s, lead_s, drain_s, prefix, opts.profile_s,
+                                      backlog_s, backlog_s + ttl_seconds(ttl))
         run.info.update(info)
         run.info["run_ended_at"] = time.time()
         time.sleep(tail_s)
@@ -357,12 +361,18 @@ def _ratio(a: float, b: float) -> str:
 
 
 def retention(opts: Options, ttl: str, rate: float, duration_s: float, lead_s: float, drain_s: float,
-              sample_s: float, tail_s: float, compare: bool) -> Report:
+              sample_s: float, tail_s: float, compare: bool, backlog_s: float = 0.0,
+              limits: tuple[str, ...] = ()) -> Report:
     ttl_s = ttl_seconds(ttl)
     if compare and ttl_s == 0:
         raise BenchError("--compare runs --finished-ttl 0 after the first run: give a non-zero --finished-ttl")
     if sample_s <= 0:
         raise BenchError("--sample-s must be > 0")
+    if not 0 <= backlog_s <= duration_s or (backlog_s and ttl_s == 0):
+        raise BenchError(f"--backlog-s {backlog_s:g}: between 0 and --duration, with a non-zero --finished-ttl")
+    for limit in limits:
+        if "=" not in limit:
+            raise BenchError(f"--limit {limit!r}: give NAME=VALUE, as the daemon's --limit")
     labels = [f"--finished-ttl {ttl}"] + (["--finished-ttl 0"] if compare else [])
     report = SampledReport(f"retention: {rate:g} one-off jobs/s for {duration_s:g} s, sampled every {sample_s:g} s, "
                            + " vs ".join(labels), labels)
@@ -370,7 +380,8 @@ def retention(opts: Options, ttl: str, rate: float, duration_s: float, lead_s: f
     report.raw["uptime"] = []
     for tag, label, node_ttl in zip(("ttl", "nottl"), labels, (ttl, "0")):
         run_opts = replace(opts, run_dir=os.path.join(opts.run_dir, tag))
-        run = retention_once(run_opts, label, node_ttl, rate, duration_s, lead_s, drain_s, sample_s, tail_s)
+        run = retention_once(run_opts, label, node_ttl, rate, duration_s, lead_s, drain_s, sample_s, tail_s,
+                             backlog_s if node_ttl != "0" else 0.0, limits)
         runs.append(run)
         report.raw["uptime"] += [f"{label} {line}" for line in run.info["uptime"]]
     _summary_rows(report, runs)
@@ -390,6 +401,12 @@ def retention(opts: Options, ttl: str, rate: float, duration_s: float, lead_s: f
     report.notes.append(f"t is seconds since sampling began, just before the first create; the first job is due "
                         f"at t ≈ {due_from:g}, the last at t ≈ {due_from + duration_s:g}; sampling goes on "
                         f"{tail_s:g} s after the last ack (--tail-s)")
+    if backlog_s:
+        report.notes.append(f"backlog: the {round(backlog_s * rate):,} jobs due at t ≈ {due_from:g}–"
+                            f"{due_from + backlog_s:g} all expire at t ≈ {due_from + backlog_s + ttl_s:g}, beside "
+                            "the steady load; the windows from then show the sweep's toll")
+    if limits:
+        report.notes.append("every node ran with " + " ".join(f"--limit {limit}" for limit in limits))
     report.notes += [series.render(r.label, r.info["series"]) for r in runs]
     report.tables = [sample_table(r) for r in runs] + ([compare_table(runs)] if compare else [])
     # Each run's info (CPU, series, profile) is in infos, keyed by its label, as __main__ reads it.

@@ -142,8 +142,12 @@ def create(opts: Options, count: int, batch_count: int, concurrency: int, peer_t
 # ---- 2. steady ------------------------------------------------------------------------
 
 def steady_once(system: Any, rate: float, duration_s: float, lead_s: float, drain_s: float, prefix: str,
-                profile_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
-    plan = OneOff.steady(prefix, lead_s + 2.0, rate, duration_s, lead_s, time.time())
+                profile_s: float = 0.0, backlog_s: float = 0.0,
+                backlog_expire_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """backlog_s > 0: the jobs due in the first backlog_s seconds all expire
+    backlog_expire_s after the first due time (OneOff.with_backlog)."""
+    plan = OneOff.steady(prefix, lead_s + 2.0, rate, duration_s, lead_s, time.time()).with_backlog(
+        backlog_s, backlog_expire_s)
     prof = _start_profile(system, plan.t0 + min(5.0, duration_s / 4), profile_s, prefix)
     busy = series.BusySampler()
     busy.start()

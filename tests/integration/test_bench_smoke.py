@@ -35,11 +35,13 @@ def test_bench_scenario_runs_every_job_once(tmp_path: pathlib.Path, scenario: st
 
 
 def test_retention_samples_the_store_and_the_ttl_deletes(tmp_path: pathlib.Path) -> None:
-    """An 8 s run with a 2 s TTL: every job runs once, every node is sampled, and the
-    sweep has deleted finished jobs by the end."""
+    """An 8 s run with a 2 s TTL, its first 4 s of jobs a backlog expiring together and
+    the nodes' sweep entries made small: every job runs once, every node is sampled,
+    and the sweep has deleted finished jobs by the end."""
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "-m", "bench", "retention", "--rate", "50", "--duration", "8",
                            "--finished-ttl", "2s", "--sample-s", "2", "--tail-s", "3", "--workers", "1",
+                           "--backlog-s", "4", "--limit", "sweep_batch_max=10",
                            "--json", str(out), "--data-root", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -56,6 +58,7 @@ def test_retention_samples_the_store_and_the_ttl_deletes(tmp_path: pathlib.Path)
     assert max(n["deleted_jobs"] for n in last) > 0, last
     assert any(s.get("window", {}).get("due") for s in samples)
     assert "## retention" in proc.stdout and "### --finished-ttl 2s: every sample" in proc.stdout
+    assert "backlog: the 200 jobs due" in proc.stdout and "--limit sweep_batch_max=10" in proc.stdout
 
 
 def test_apply_cost_runs_every_phase(tmp_path: pathlib.Path) -> None:
