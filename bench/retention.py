@@ -7,17 +7,21 @@ deleted), side by side.
 
 What a sample reads (`StoreSampler`): file sizes from the node's data dir
 (group-*.lmdb/data.mdb, group-*.snapshot), VmRSS and RssAnon from /proc/PID/status,
-and the node's /metrics: `schedulerd_jobs` (every state: the jobs stored),
+the CPU time the node has used from /proc/PID/stat, and the node's /metrics: `schedulerd_jobs` (every state: the jobs stored),
 `schedulerd_runs_stored` (every state: the runs stored), `schedulerd_runs` (the open
-ones) and `schedulerd_retention_deleted_total{kind=job|run}`."""
+ones) and `schedulerd_retention_deleted_total{kind=job|run}`. Each window also counts
+the snapshots the nodes wrote in it and the longest one's seconds (their
+`snapshot_written` log lines), and the server CPU it took per job due in it."""
 from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -73,6 +77,36 @@ def _status_kb(pid: int | None, fields: tuple[str, ...]) -> dict[str, int | None
     return out
 
 
+def _cpu_s(pid: int | None) -> float | None:
+    """The CPU seconds (user + system) process pid has used, or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_SNAPSHOT_LINE = re.compile(r"^(\S+ \S+) .*snapshot_written .*seconds=([0-9.]+)")
+
+
+def snapshot_events(log_path: str) -> list[tuple[float, float]]:
+    """(epoch s, seconds it took) of each snapshot a node's log says it wrote."""
+    out = []
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = _SNAPSHOT_LINE.match(line)
+                if m:
+                    at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    out.append((at, float(m.group(2))))
+    except OSError:
+        pass
+    return out
+
+
 def scrape(url: str) -> dict[str, Any]:
     """The figures of a node's /metrics this scenario reads (see the module doc)."""
     with urllib.request.urlopen(url + "/metrics", timeout=SCRAPE_TIMEOUT_S) as resp:
@@ -108,6 +142,7 @@ def sample_node(node: Node) -> dict[str, Any]:
         "rss_bytes": status["VmRSS"] * 1024 if status["VmRSS"] is not None else
         (rss_bytes(node.pid) if node.pid else None),
         "rss_anon_bytes": status["RssAnon"] * 1024 if status["RssAnon"] is not None else None,
+        "cpu_s": _cpu_s(node.pid),
     }
     try:
         g = node.group0()
@@ -213,6 +248,20 @@ def window_lateness(records: list[Record], samples: list[dict[str, Any]]) -> Non
         lo = hi
 
 
+def window_costs(samples: list[dict[str, Any]], snapshots: list[tuple[float, float]]) -> None:
+    """Into each sample's window: the nodes' CPU seconds per job due in it (all nodes
+    summed), and the snapshots written in it (count, longest)."""
+    for prev, cur in zip(samples, samples[1:]):
+        w = cur.setdefault("window", {})
+        spent = [(b.get("cpu_s") or 0.0) - (a.get("cpu_s") or 0.0) for a, b in zip(prev["nodes"], cur["nodes"])
+                 if a.get("cpu_s") is not None and b.get("cpu_s") is not None]
+        w["server_cpu_s"] = sum(spent) if spent else None
+        w["cpu_us_per_job"] = sum(spent) / w["due"] * 1e6 if spent and w.get("due") else None
+        taken = [secs for at, secs in snapshots if prev["at"] <= at < cur["at"]]
+        w["snapshots"] = len(taken)
+        w["snapshot_max_s"] = max(taken) if taken else None
+
+
 def retention_once(opts: Options, label: str, ttl: str, rate: float, duration_s: float, lead_s: float,
                    drain_s: float, sample_s: float, tail_s: float, backlog_s: float = 0.0,
                    limits: tuple[str, ...] = ()) -> Run:
@@ -238,6 +287,7 @@ def retention_once(opts: Options, label: str, ttl: str, rate: float, duration_s:
         time.sleep(tail_s)
         sampler.stop()
         records = system.fleet.records(prefix + "-")
+        snapshots = [e for n in system.cluster.nodes for e in snapshot_events(n.log_path)]
     finally:
         sampler.halt()
         system.teardown()
@@ -246,6 +296,7 @@ def retention_once(opts: Options, label: str, ttl: str, rate: float, duration_s:
         raise BenchError(f"sampling failed: {sampler.error}")
     run.samples = sampler.samples
     window_lateness(records, run.samples)
+    window_costs(run.samples, snapshots)
     if records:
         run.first_due = min(r.due for r in records)
         run.last_due = max(r.due for r in records)
@@ -271,7 +322,8 @@ def _count(value: Any) -> str:
 def sample_table(run: Run) -> str:
     names = "/".join(n["node"] for n in run.samples[0]["nodes"]) if run.samples else ""
     head = ["t (s)", f"data.mdb MB {names}", f"snapshot MB {names}", f"RSS MB {names}", f"anon RSS MB {names}",
-            "jobs", "runs", "deleted jobs", "deleted runs", "due in window", "window p50", "window p99"]
+            "jobs", "runs", "deleted jobs", "deleted runs", "due in window", "window p50", "window p99",
+            "server CPU µs/job", "snapshots (longest s)"]
     out = [f"### {run.label}: every sample (jobs, runs, deleted: the leader's /metrics; window: jobs due "
            "since the sample before)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in run.samples:
@@ -282,8 +334,16 @@ def sample_table(run: Run) -> str:
             _per_node(s, "rss_bytes"), _per_node(s, "rss_anon_bytes"), _count(lead.get("jobs")),
             _count(lead.get("runs")), _count(lead.get("deleted_jobs")), _count(lead.get("deleted_runs")),
             _count(w.get("due")) if w else "", fmt(w.get("lateness_p50_s"), "ms") if w.get("due") else "",
-            fmt(w.get("lateness_p99_s"), "ms") if w.get("due") else ""]) + " |")
+            fmt(w.get("lateness_p99_s"), "ms") if w.get("due") else "",
+            f"{w['cpu_us_per_job']:.0f}" if w.get("cpu_us_per_job") is not None else "",
+            _snapshots(w)]) + " |")
     return "\n".join(out)
+
+
+def _snapshots(window: dict[str, Any]) -> str:
+    if not window.get("snapshots"):
+        return "0" if window else ""
+    return f"{window['snapshots']} ({window['snapshot_max_s']:.1f})"
 
 
 def compare_table(runs: list[Run]) -> str:

@@ -228,8 +228,10 @@ def write(store: Store, path: str, data: tuple[Any, ...], bytes_per_s: int = 0,
     entries are (command bytes, index, term)."""
     last, prev, _cluster = data
     header = {"last": list(last), "prev": list(prev), "last_applied": store.last_applied()}
+    started = time.monotonic()
     _write_store(store.env, path, header, bytes_per_s, stage_dir)
-    log.info("snapshot_written path=%s raft_index=%d bytes=%d", path, last[1], os.path.getsize(path))
+    log.info("snapshot_written path=%s raft_index=%d bytes=%d seconds=%.2f", path, last[1], os.path.getsize(path),
+             time.monotonic() - started)
 
 
 # pysyncobj's NO_OP command byte: the synthetic entries a backup resumes the log after.

@@ -97,6 +97,9 @@ class Verdict:
     job: bool = False  # the job goes too (after its runs)
     next_check_us: int | None = None  # when to look again; None: no key (the job went, or nothing ever will)
     read: int = 0  # runs read, against the entry's budget
+    # The records judged, so a delete does not read and decode them again.
+    job_record: Record | None = field(default=None, repr=False)
+    run_records: dict[str, Record] = field(default_factory=dict, repr=False)
 
 
 def judge(ctx: Ctx, job_id: str, now: int, budget: int) -> Verdict:
@@ -119,10 +122,14 @@ def judge(ctx: Ctx, job_id: str, now: int, budget: int) -> Verdict:
         open_runs = bool(stats["pending"] or stats["running"])
     closed = job["state"] in FINISHED_JOB_STATES and not open_runs
     if closed and finished_ttl:
-        return _age(job, runs, len(run_ids) > budget, now, finished_ttl, whole=True)
-    if history_ttl:
-        return _age(job, runs, len(run_ids) > budget, now, history_ttl, whole=False)
-    return Verdict(next_check_us=now + finished_ttl, read=len(runs))  # look again once its runs may be done
+        verdict = _age(job, runs, len(run_ids) > budget, now, finished_ttl, whole=True)
+    elif history_ttl:
+        verdict = _age(job, runs, len(run_ids) > budget, now, history_ttl, whole=False)
+    else:
+        verdict = Verdict(next_check_us=now + finished_ttl, read=len(runs))  # look again once its runs may be done
+    verdict.job_record = job
+    verdict.run_records = {run["run_id"]: run for run in runs}
+    return verdict
 
 
 def _age(job: Record, runs: list[Record], more: bool, now: int, ttl: int, whole: bool) -> Verdict:
@@ -180,14 +187,15 @@ def sweep_expired(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         budget -= max(verdict.read, 1)
         allowed = set(named_runs)
         for run_id in verdict.runs:
-            run = records.get_run(ctx, run_id) if run_id in allowed else None
-            if run is not None:
+            if run_id in allowed:
+                run = verdict.run_records[run_id]
                 records.reopen_dead_head(ctx, run)
                 records.delete_run(ctx, run)
                 runs += 1
         ctx.txn.delete(key, b"", ctx.tables.expiry)
         if verdict.job and named_job and allowed.issuperset(verdict.runs):
-            _delete_job(ctx, records.get_job(ctx, job_id))
+            assert verdict.job_record is not None
+            _delete_job(ctx, verdict.job_record)
             jobs += 1
         elif verdict.job or verdict.next_check_us is not None:
             records.note_check(ctx, now if verdict.job else verdict.next_check_us, job_id)
