@@ -1,13 +1,11 @@
 """`python -m bench SCENARIO [options]`: schedulerd (3 nodes on 127.0.0.1, fsync on)
 side by side with APScheduler and Celery+Redis (`--peers apscheduler,celery`).
 
-Scenarios (issue 5): create, steady [--find-max], spike, recurring, scale, failover;
-retention (schedulerd only: store size and lateness with --finished-ttl).
-Defaults are small so a smoke run is quick; bench/README.md has the sizes the
-issue's targets are about. Every process a scenario starts is stopped before it
-returns, and every run is bounded in time.
-
-The existing fsync benchmark stays a module of its own: `python -m bench.raft_fsync`."""
+Scenarios: create, steady [--find-max], spike, recurring, scale, failover; retention
+(schedulerd only: store size and lateness with --finished-ttl). Defaults are small so
+a smoke run is quick; docs/performance.md has the sizes the targets are about. Every
+process a scenario starts is stopped before it returns, and every run is bounded in
+time. The micro-benchmarks are modules of their own: bench/README.md."""
 from __future__ import annotations
 
 import argparse

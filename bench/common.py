@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from schedulerd.timefmt import US_PER_S, to_iso
+from schedulerd.timefmt import to_iso
+from schedulerd.units import US_PER_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -62,9 +63,8 @@ def alternation(pairs: int) -> list[int]:
 
 def iso_us(ts: float) -> str:
     """Epoch seconds -> the API's ISO 8601 UTC form, to the microsecond. The daemon's own
-    renderer, which caches each second's text: with strftime per job a request body cost
-    the feeder 3.2-5.2 µs per job instead of 1.8-2.2 (bench.answer_cost), CPU taken from
-    the cluster under test on this 2-core box."""
+    renderer, which caches each second's text: strftime per job nearly doubled what a
+    request body cost the feeder, CPU taken from the cluster under test on a 2-core box."""
     seconds = math.floor(ts)
     return to_iso(seconds * US_PER_S + round((ts - seconds) * US_PER_S))  # rounded as datetime rounds
 

@@ -21,7 +21,6 @@ from typing import Any
 SAMPLE_RATE_HZ = 100
 TOP_N = 25
 _LINE = re.compile(r"^(.*) (\d+)$")
-_FRAME_LINE = re.compile(r":\d+\)$")
 # Frames every sample of a thread passes through: they say nothing about where time goes.
 _BOILERPLATE = re.compile(r"\((click/|<frozen runpy>|threading\.py|uvloop/__init__|asyncio/runners|schedulerd/main\.py)"
                           r"|^<module>|_autoTickThread")
@@ -76,8 +75,8 @@ def schedstat(pid: int) -> dict[int, tuple[int, int]]:
 # (label, substring of the joined stack or of the leaf frame): the pysyncobj tick thread.
 TICK_PHASES = [
     ("idle: waiting on sockets (pysyncobj poller)", "leaf", "poller.py"),
-    ("LMDB commit of the tick's txn [storage/db.py Store.commit_applied]", "leaf", "Store.commit_applied"),
-    ("LMDB write txn begin", "leaf", "Store.apply_txn (storage/db.py"),
+    ("LMDB commit of the tick's txn [raft/store.py Store.commit_applied]", "leaf", "Store.commit_applied"),
+    ("LMDB write txn begin", "leaf", "Store.apply_txn (raft/store.py"),
     ("journal fdatasync / meta rename [raft/journal.py]", "stack", "raft/journal.py"),
     ("apply: Python work of the state machine (decode, records, msgpack)", "stack", "__applyLogEntries"),
     ("send to followers (pickle + socket)", "stack", "__sendAppendEntries"),
@@ -88,9 +87,9 @@ TICK_PHASES = [
 # The asyncio (uvloop) thread: HTTP API and the leader's scan loops.
 LOOP_PHASES = [
     ("uvloop: epoll wait and C-level I/O (idle or busy in C)", "leaf", "Runner.run (asyncio/runners.py"),
-    ("POST /v1/tasks/poll (lease queue)", "stack", "routes_tasks.py:3"),
+    ("POST /v1/tasks/poll (lease queue)", "stack", "api/tasks.py:"),
     ("POST /v1/tasks/{id}/ack and /v1/tasks/ack", "stack", "ack_"),
-    ("POST /v1/jobs:batch and /v1/jobs", "stack", "routes_jobs.py"),
+    ("POST /v1/jobs:batch and /v1/jobs", "stack", "api/jobs.py"),
     ("leader loop: due scan + claim", "stack", "claim_due"),
     ("leader loop: lease expiry", "stack", "expire_leases"),
     ("lease queue (poll wait/wake, ready scan)", "stack", "lease_queue.py"),
@@ -105,11 +104,6 @@ def _phase(phases: list[tuple[str, str, str]], stack: str, leaf: str) -> str:
         if needle in (leaf if where == "leaf" else stack):
             return label
     return "other: " + leaf[:70]
-
-
-def _function(frame: str) -> str:
-    """'apply (storage/fsm.py:42)' -> 'apply (storage/fsm.py)': lines of one function merge."""
-    return _FRAME_LINE.sub(")", frame.strip())
 
 
 def summarize(path: str, sched: dict[int, dict[str, float]] | None = None) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 async handler that records (run_id, job_id, scheduled time, start time), and
 the time each ack was accepted (the SDK's `on_settled` hook). The SDK logs at
 WARNING, as a busy production worker would: two INFO lines per task were a
-third of this process's CPU (bench/sdk_cost.py), paid for nothing but measuring.
+third of this process's CPU (bench/micro/sdk_cost.py), paid for nothing but measuring.
 
     python -m bench.sdworker --servers URL,URL,URL --queue bench --out PREFIX
         [--concurrency 1500] [--lifetime-s 900]
@@ -22,7 +22,7 @@ from collections import deque
 
 from bench.common import WORKER_SLOTS
 from schedulerd.gctune import tune_gc
-from schedulerd.worker import Task, Worker
+from schedulerd.sdk.worker import Task, Worker
 
 FLUSH_S = 0.25
 HARD_EXIT_AFTER_STOP_S = 15.0  # the drain must not keep a bench run alive

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from storage.writeback import file_dirty_bytes
+from schedulerd.raft.writeback import file_dirty_bytes
 
 HZ = os.sysconf("SC_CLK_TCK")
 ROLES = (("schedulerd.main", "node"), ("bench.sdworker", "workers"), ("-m bench ", "bench"))

@@ -12,8 +12,8 @@ from typing import Any
 import click
 import yaml
 
-from cli.session import EXIT_SERVER_ERROR, CliError, Session
 from schedulerd import strict_yaml
+from schedulerd.cli.session import EXIT_SERVER_ERROR, CliError, Session
 from schedulerd.errors import SchedulerError
 from schedulerd.strict_json import parse_json
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import click
 
-from cli.files import create_from_file
-from cli.options import job_fields, job_options
-from cli.output import format_fields, jobs_table, more_hint, run_fields
-from cli.session import Session
+from schedulerd.cli.files import create_from_file
+from schedulerd.cli.options import job_fields, job_options
+from schedulerd.cli.output import format_fields, jobs_table, more_hint, run_fields
+from schedulerd.cli.session import Session
 
 JOB_STATES = ("scheduled", "paused", "completed", "cancelled")
 

@@ -10,8 +10,8 @@ from typing import Any, Iterator, Mapping
 import click
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.output import first_line, format_table, state_text
-from cli.session import Session
+from schedulerd.cli.output import first_line, format_table, state_text
+from schedulerd.cli.session import Session
 
 LATENESS = "schedulerd_dispatch_lateness_seconds"
 EVENTS = "schedulerd_run_events"

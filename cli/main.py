@@ -17,11 +17,11 @@ import click
 import yaml
 from click.shell_completion import get_completion_class
 
-from cli import jobs, live, runs
-from cli.output import cluster_text, format_fields, format_table
-from cli.session import CliError, OneLineGroup, Session
-from cli.worker_cmd import worker
-from schedulerd.client import Client
+from schedulerd.cli import jobs, live, runs
+from schedulerd.cli.output import cluster_text, format_fields, format_table
+from schedulerd.cli.session import CliError, OneLineGroup, Session
+from schedulerd.cli.worker_cmd import worker
+from schedulerd.sdk.client import Client
 
 __all__ = ["CliError", "format_fields", "format_table", "main", "schedctl"]
 

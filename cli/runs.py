@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import click
 
-from cli.live import follow_runs
-from cli.output import dead_letters_table, more_hint, preview_table, run_fields, runs_table
-from cli.session import OneLineGroup, Session
+from schedulerd.cli.live import follow_runs
+from schedulerd.cli.output import dead_letters_table, more_hint, preview_table, run_fields, runs_table
+from schedulerd.cli.session import OneLineGroup, Session
 
 
 @click.command()

@@ -11,8 +11,8 @@ from typing import IO, Any, Callable, Iterator
 
 import click
 
-from schedulerd.client import Client
 from schedulerd.errors import SchedulerError
+from schedulerd.sdk.client import Client
 
 EXIT_SERVER_ERROR = 1
 EXIT_USAGE = 2  # what click uses for usage errors

@@ -21,12 +21,12 @@ from typing import IO, Any, Sequence
 
 import click
 
-from cli.session import Session
 from schedulerd import timefmt
+from schedulerd.cli.session import Session
 from schedulerd.destinations import DestinationPolicy
 from schedulerd.gctune import tune_gc
-from schedulerd.http_executor import HttpExecutor
-from schedulerd.worker import Task, Worker
+from schedulerd.sdk.http_executor import HttpExecutor
+from schedulerd.sdk.worker import Task, Worker
 
 # Kept of the command's stdout for the ack result; well under result_bytes_max (16 KiB).
 STDOUT_TAIL_BYTES = 2048

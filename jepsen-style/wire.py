@@ -1,6 +1,6 @@
 """One HTTP request to one node, classified the way a history needs it.
 
-The harness does not use schedulerd.client: it must see every single attempt
+The harness does not use schedulerd.sdk.client: it must see every single attempt
 (which node, when sent, when answered, what came back) to tell a definite
 failure from an unknown outcome, and the library's failover hides that."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One worker process of a run (started by workers.py inside its own namespace).
 
-It is a plain user of the SDK (`schedulerd.worker.Worker`). Every execution is
+It is a plain user of the SDK (`schedulerd.sdk.worker.Worker`). Every execution is
 logged to this worker's own JSONL file, flushed and fsynced before the handler
 returns — a `begin` line when the handler starts (so a run killed mid-task still
 left a trace) and an `exec` line when it ends. The SDK's own log events about
@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from schedulerd.worker import Task, Worker  # noqa: E402  (needs the repo root on sys.path)
+from schedulerd.sdk.worker import Task, Worker  # noqa: E402  (needs the repo root on sys.path)
 
 QUEUE = "jepsen"
 NACK_P = 0.03  # a handler that fails now and then exercises the nack/retry path

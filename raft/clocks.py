@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from schedulerd.units import US_PER_S
+
 CLOCK = "sd_clock"
 CLUSTER_CLOCK = "sd_cluster_clock"
 
@@ -83,4 +85,4 @@ class PeerClocks:
         """A clock heard at monotonic time `at`, as it reads at least at `mono`; None once
         older than fresh_s."""
         clock, at = heard
-        return clock + int((mono - at) * 1_000_000) if mono - at <= self._fresh_s else None
+        return clock + int((mono - at) * US_PER_S) if mono - at <= self._fresh_s else None

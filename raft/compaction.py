@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from raft.conf import RaftConfig
+from schedulerd.raft.conf import RaftConfig
+
+# A data dir's first snapshot comes once the journal holds this much: it is copied in
+# the tick thread by every replica at the same index, and taken by the rules below, a
+# busy new cluster's first copy held all three nodes' ticks for 0.76 s at once.
+FIRST_SNAPSHOT_JOURNAL_BYTES = 1 << 20
 
 
 def due(entries: int, journal_bytes: int, snapshot_bytes: Callable[[], int], conf: RaftConfig) -> bool:
@@ -26,4 +31,4 @@ def due(entries: int, journal_bytes: int, snapshot_bytes: Callable[[], int], con
     if entries > conf.compaction_entries_min:
         return journal_bytes >= conf.compaction_journal_ratio * snapshot_bytes()
     # The first copy holds the tick thread (raft/snapshot_writer.py): make it while the store is small.
-    return journal_bytes >= conf.compaction_first_journal_bytes and snapshot_bytes() == 0
+    return journal_bytes >= FIRST_SNAPSHOT_JOURNAL_BYTES and snapshot_bytes() == 0

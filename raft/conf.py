@@ -1,9 +1,7 @@
 """Raft settings for one node, with units in the names and their relations checked."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-
 
 SECRET_CHARS_MIN = 16
 
@@ -42,27 +40,14 @@ class RaftConfig:
     compaction_entries_min: int = 20_000
     compaction_journal_ratio: float = 0.25
     compaction_journal_bytes_max: int = 128 << 20
-    # A data dir's first snapshot is taken once the journal holds this much. It is copied
-    # in the tick thread, by every replica at the same log index (raft/snapshot_writer.py):
-    # taken by the rules above, a busy new cluster's first copy held all three nodes'
-    # ticks for 0.76 s at once.
-    compaction_first_journal_bytes: int = 1 << 20
     # Snapshot bytes per Raft message when a lagging node is sent the leader's snapshot
     # (pysyncobj's default is 64 KiB); also the socket buffer sizes. The leader queues
-    # at most two pieces per follower (raft/snapshot_transfer.py).
+    # at most two pieces per follower (raft/pysyncobj_patches.py).
     snapshot_chunk_bytes: int = 1 << 20
-    # Replicas compact at the same log index; each waits this much more than the one
-    # before it (followers first, the leader last) before copying its store.
-    snapshot_stagger_s: float = 10.0
     # A background compaction copy writes at most this many bytes per second (0: as fast as
     # the disk goes). Each journal fdatasync waits for the copy's bytes queued before it:
     # paced, a 1M-job store's 760 MB copy takes ~7 s and leaves commits their latency.
     snapshot_write_bytes_per_s: int = 100 << 20
-    # A background copy is first made into an unlinked file here, in memory, where this
-    # directory has room for the store; the paced write then reads it with no LMDB read
-    # txn open (raft/snapshot.py, _stage). None, or no room: LMDB copies through a pipe
-    # as the write goes, holding its read txn all that time.
-    snapshot_stage_dir: str | None = "/dev/shm"
     # Largest Raft entry, and the size of one append message. pysyncobj 0.3.17 sends a
     # bigger entry in pieces and marks its last piece wrongly (by the command's length,
     # not the pickled entry's): an entry just under a multiple of the piece size reached
@@ -73,16 +58,10 @@ class RaftConfig:
     lmdb_map_bytes: int = 32 << 30
     # Start the kernel writing back the store's dirty pages this often (0: leave them to
     # the kernel, which writes them ~30 s after they were dirtied, hundreds of MB at once,
-    # and stalls every journal fsync behind them; storage/writeback.py). Shorter writes
+    # and stalls every journal fsync behind them; raft/writeback.py). Shorter writes
     # more: LMDB rewrites its hot pages every commit, and each round writes them again.
     # At 10,000 jobs/s, 5 s wrote 1.34x the bytes of the kernel's 30 s.
     lmdb_writeback_s: float = 5.0
-    # ... but only in a round after the store's file gained this many dirty bytes (read
-    # with cachestat, Linux >= 6.5): below it the kernel's own writeback is too small to
-    # stall a fsync, and pacing costs low rates their p99.
-    lmdb_writeback_growth_min_bytes: int = 16 << 20
-    # Where the kernel cannot tell a file's dirty bytes: only while the box holds this many.
-    lmdb_writeback_dirty_min_bytes: int = 64 << 20
     # Shared cluster secret: pysyncobj derives a Fernet key (AES + HMAC) from it and
     # every Raft message is encrypted and authenticated. None: plain pickle (loopback only).
     secret: str | None = field(default=None, repr=False)
@@ -101,26 +80,16 @@ class RaftConfig:
                              "leader is not demoted before its followers would elect another")
         if self.entry_bytes_max < 64 << 10:
             raise ValueError("entry_bytes_max must be at least 64 KiB")
-        if not 0 <= self.snapshot_stagger_s <= 300:
-            raise ValueError("snapshot_stagger_s must be within 0..300 seconds")
         if self.snapshot_write_bytes_per_s != 0 and self.snapshot_write_bytes_per_s < 1 << 20:
             raise ValueError("snapshot_write_bytes_per_s must be 0 (unpaced) or at least 1 MiB/s")
-        if self.snapshot_stage_dir is not None and not os.path.isabs(self.snapshot_stage_dir):
-            raise ValueError("snapshot_stage_dir must be an absolute path, or None (no staging)")
         if self.lmdb_writeback_s != 0 and not 1 <= self.lmdb_writeback_s <= 60:
             raise ValueError("lmdb_writeback_s must be 0 (the kernel's own writeback) or within 1..60 seconds")
-        if self.lmdb_writeback_growth_min_bytes < 0:
-            raise ValueError("lmdb_writeback_growth_min_bytes must be 0 (every round) or more")
-        if self.lmdb_writeback_dirty_min_bytes < 0:
-            raise ValueError("lmdb_writeback_dirty_min_bytes must be 0 (always) or more")
         if self.compaction_entries_min < 10:
             raise ValueError("compaction_entries_min must be at least 10")
         if not 0 <= self.compaction_journal_ratio <= 10:
             raise ValueError("compaction_journal_ratio must be within 0..10")
         if self.compaction_journal_bytes_max < 1 << 20:
             raise ValueError("compaction_journal_bytes_max must be at least 1 MiB")
-        if not 0 <= self.compaction_first_journal_bytes <= self.compaction_journal_bytes_max:
-            raise ValueError("compaction_first_journal_bytes must be within 0..compaction_journal_bytes_max")
         if not 1 <= self.groups <= 64:
             raise ValueError("groups must be 1..64")
         for addr in (self.self_addr, *self.peers):

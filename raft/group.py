@@ -12,31 +12,28 @@ import sys
 import time
 from typing import Any, Callable
 
-import pysyncobj.pickle
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
-from raft import compaction, journal, riders, snapshot, snapshot_transfer
-from raft.clocks import PeerClocks
-from raft.conf import RaftConfig
-from raft.entry_versions import EntryVersions
-from raft.snapshot_writer import SnapshotWriter
-from storage import fsm, ops
-from storage.db import Store
-from storage.ops import Op
+from schedulerd.raft import compaction, journal, pysyncobj_patches, riders, snapshot
+from schedulerd.raft.clocks import PeerClocks
+from schedulerd.raft.conf import RaftConfig
+from schedulerd.raft.entry_versions import EntryVersions
+from schedulerd.raft.pysyncobj_patches import Stamp
+from schedulerd.raft.snapshot_writer import SnapshotWriter
+from schedulerd.raft.store import Store
+from schedulerd.storage import fsm, ops
+from schedulerd.storage.ops import Op
 
 log = logging.getLogger("schedulerd.raft")
 
-# pysyncobj 0.3.17 pickles every message and command at protocol 2, which writes a bytes
-# object (each entry is one) as a latin-1 str and reads it back through codecs. For a
-# 150-job create entry, protocol 5 pickles the command in 0.7 µs against 15.7, unpickles
-# it in 0.6 against 13.4, and pickles and compresses an append carrying it in 28 µs
-# against 109. Every reader takes any protocol, so nodes of older builds read these messages
-# and journals unchanged.
-PICKLE_PROTOCOL = 5
-setattr(pysyncobj.pickle, "__protocol", PICKLE_PROTOCOL)
+pysyncobj_patches.use_pickle_protocol()
+
+# Replicas compact at the same log index; each copies its store in a slot of its own
+# this long, followers first and the leader last, so at most one node at a time pays
+# for a copy (a 1M-job store's paced copy takes ~7 s).
+SNAPSHOT_STAGGER_S = 10.0
 
 Applied = Callable[[int, int, Op, dict[str, Any]], None]  # (group, raft index, op, result)
-Stamp = Callable[[bytes, int], bytes]  # (entry blob, the cluster's time in µs) -> the blob to append
 
 
 class ProposalFailed(Exception):
@@ -51,7 +48,7 @@ _FAILURES = {
     FAIL_REASON.QUEUE_FULL: ("command queue full", False),
     FAIL_REASON.MISSING_LEADER: ("no leader", False),
     FAIL_REASON.NOT_LEADER: ("leader changed", False),
-    # Only _vet_as_leader_appends refuses (membership changes are off).
+    # Only pysyncobj_patches.vet_as_leader_appends refuses (membership changes are off).
     FAIL_REASON.REQUEST_DENIED: ("refused by the leader: its entry version is newer than a voter reads "
                                  "(a rolling upgrade is under way)", False),
     FAIL_REASON.DISCARDED: ("entry discarded by a new leader", False),
@@ -78,7 +75,7 @@ class _Replica(SyncObj):
         commit = self.raftCommitIndex
         if commit > self._commit_announced and self._isLeader():
             self._commit_announced = commit
-            self._SyncObj__sendAppendEntries()
+            pysyncobj_patches.send_append_entries(self)
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         # The tick callback commits before the tick waits for the network; this
@@ -87,117 +84,6 @@ class _Replica(SyncObj):
             super()._onTick(timeToWait)
         finally:
             self._group._commit_applied()
-
-
-def _backtrack_to_commit_index(replica: SyncObj) -> None:
-    """Make a follower whose log diverged catch up in one step.
-
-    pysyncobj 0.3.17's leader sends several append batches per tick. A follower
-    with a stale suffix (a cut-off leader's uncommitted entries) answers the first
-    with "back up one entry" and the rest with "resend from my log end"; the
-    leader applies the answers in order, lands on the log end again, and the
-    follower never catches up (a livelock once the leader is a batch ahead).
-    Every failed answer is rewritten here to "resend from my commit index + 1":
-    committed entries always match the leader's, so the next batch's prevLogIdx
-    matches and pysyncobj replaces the stale suffix at once."""
-    transport = replica._SyncObj__transport
-    send = transport.send
-
-    def send_with_backtrack(node: Any, message: dict[str, Any]) -> Any:
-        if message.get("type") == "next_node_idx" and message.get("reset") and not message.get("success"):
-            message = dict(message, next_node_idx=min(message["next_node_idx"], replica.raftCommitIndex + 1))
-        return send(node, message)
-
-    transport.send = send_with_backtrack
-
-
-def _keep_next_index_on_late_acks(replica: SyncObj) -> None:
-    """A follower's ack only ever moves the leader's nextIndex for it forward.
-
-    pysyncobj 0.3.17's leader sends each new entry as it appends it, and set nextIndex
-    to whatever the latest ack reported, even with later appends already on their way:
-    those were sent again, and the follower truncated and re-added entries it had
-    applied ("truncating already-applied log entries"). A rejected append still moves
-    nextIndex back (the consistency check and _backtrack_to_commit_index), which is all
-    Raft needs to repair an append that never arrived."""
-    transport = replica._SyncObj__transport
-    handle = transport._onMessageReceivedCallback
-
-    def on_message(node: Any, message: dict[str, Any]) -> None:
-        if message.get("type") != "next_node_idx" or not message.get("success") or message.get("reset"):
-            handle(node, message)
-            return
-        next_index = replica._SyncObj__raftNextIndex
-        before = next_index.get(node)
-        handle(node, message)
-        if before is not None and next_index.get(node, before) < before:
-            next_index[node] = before
-
-    transport._onMessageReceivedCallback = on_message
-
-
-def _commit_only_what_matched(replica: SyncObj) -> None:
-    """A follower moves its commit index only on an append that matched its log.
-
-    pysyncobj 0.3.17 takes the leader's commit index from every append_entries
-    message, and one that carries a piece of a snapshot (or nothing) never checked
-    the follower's log against the leader's. A cut-off former leader that holds
-    uncommitted entries and is sent a snapshot then "committed" and applied those
-    stale entries, and the snapshot that followed was older than its store, so the
-    replica kept jobs the cluster never committed and missed ones it did
-    (test_group, the cut-off leader tests). Such messages now leave the follower's
-    commit index where it was; the snapshot install sets what it covers, and the
-    next matching append moves the commit index on."""
-    transport = replica._SyncObj__transport
-    handle = transport._onMessageReceivedCallback
-
-    def on_message(node: Any, message: dict[str, Any]) -> None:
-        if message.get("type") == "append_entries" and "prevLogIdx" not in message:
-            message = dict(message, commit_index=min(message["commit_index"], replica.raftCommitIndex))
-        handle(node, message)
-
-    transport._onMessageReceivedCallback = on_message
-
-
-_REGULAR = b"\x00"  # pysyncobj's command type byte of a replicated call
-
-
-def _vet_as_leader_appends(replica: SyncObj, stamp: Stamp | None, cluster_now_us: Callable[[], int],
-                           writes: Callable[[], int]) -> None:
-    """Let the leader look at each entry at the moment it appends it (in the tick thread,
-    right before pysyncobj checks it is the leader and appends): its own proposals and
-    those followers forwarded alike.
-
-    An entry of a version newer than the cluster writes is refused, since a voter would
-    stop on it: its proposer acted on an older figure (a leader change, a voter restarted
-    on an older build), and the API answers it 503, to retry. The others pass through
-    `stamp`. Anything else (a follower forwarding, a command of another type) passes as
-    it came."""
-    queue = replica._SyncObj__commandsQueue
-    take = queue.get_nowait
-    refuse = replica._SyncObj__callErrCallback
-
-    def get_nowait() -> tuple[bytes, Any]:
-        while True:
-            command, callback = take()  # raises queue.Empty when none is left, as pysyncobj expects
-            if command[:1] != _REGULAR or not replica._isLeader():
-                return command, callback
-            try:
-                func_id, (blob,) = pysyncobj.pickle.loads(command[1:])
-                head, cluster_writes = ops.header(blob), writes()
-                if head is not None and head[1] > cluster_writes:
-                    log.warning("entry_refused version=%d writes=%d", head[1], cluster_writes)
-                    refuse(FAIL_REASON.REQUEST_DENIED, callback)
-                    continue
-                stamped = blob if stamp is None else stamp(blob, cluster_now_us())
-            except Exception:  # an exception here would stop the tick thread: append it as it came
-                log.exception("leader_vet_failed")
-                return command, callback
-            if stamped is not blob:
-                command = _REGULAR + pysyncobj.pickle.dumps((func_id, (stamped,)))
-            return command, callback
-
-    queue.get_nowait = get_nowait
 
 
 def _fatal_default(message: str) -> None:
@@ -226,15 +112,14 @@ class Group:
         self._destroyed = False
         os.makedirs(conf.data_dir, exist_ok=True)
         base = os.path.join(conf.data_dir, f"group-{group_id}")
-        self.store = Store(base + ".lmdb", group_id, conf.lmdb_map_bytes, conf.lmdb_writeback_s,
-                           conf.lmdb_writeback_growth_min_bytes, conf.lmdb_writeback_dirty_min_bytes)
+        self.store = Store(base + ".lmdb", group_id, conf.lmdb_map_bytes, conf.lmdb_writeback_s)
         self.self_addr, self.peers = conf.node_addrs(group_id)
         journal_path = base + ".journal"
         # Entries the snapshot covers are skipped as the journal loads (raft/journal.py).
         keep_from = snapshot.first_needed_index(base + ".snapshot")
         journal.install(lambda path: journal.DurableJournal(path, keep_from))
         self._snapshots = SnapshotWriter(self.store, base + ".snapshot", self._snapshot_delay_s,
-                                         conf.snapshot_write_bytes_per_s, conf.snapshot_stage_dir)
+                                         conf.snapshot_write_bytes_per_s)
         sconf = SyncObjConf(
             journalFile=journal_path,
             fullDumpFile=base + ".snapshot",
@@ -264,17 +149,17 @@ class Group:
         # A journal that failed to write or sync cannot be trusted again: stop the
         # node (it replays on restart) instead of leaving pysyncobj half-alive.
         self.journal.on_error = lambda error: self._on_fatal(f"group={group_id} journal: {error}")
-        journal.make_durable(self.replica, self.journal)
-        _backtrack_to_commit_index(self.replica)
-        _keep_next_index_on_late_acks(self.replica)
-        _commit_only_what_matched(self.replica)
-        snapshot_transfer.pace_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
-        snapshot_transfer.answer_pieces(self.replica)
+        pysyncobj_patches.make_durable(self.replica, self.journal)
+        pysyncobj_patches.backtrack_to_commit_index(self.replica)
+        pysyncobj_patches.keep_next_index_on_late_acks(self.replica)
+        pysyncobj_patches.commit_only_what_matched(self.replica)
+        pysyncobj_patches.pace_snapshot_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
+        pysyncobj_patches.answer_snapshot_pieces(self.replica)
         self.clocks = PeerClocks(clock_us or (lambda: time.time_ns() // 1000), 1 + len(self.peers),
                                  conf.clock_fresh_s, self.replica._isLeader)
         self.versions = EntryVersions(ops.VERSION, ops.VERSION_FLOOR, 1 + len(self.peers), self.replica._isLeader)
-        riders.install(self.replica._SyncObj__transport, [self.clocks, self.versions])
-        _vet_as_leader_appends(self.replica, leader_stamp, self.clocks.cluster_now_us, self.versions.writes)
+        riders.install(pysyncobj_patches.transport(self.replica), [self.clocks, self.versions])
+        pysyncobj_patches.vet_as_leader_appends(self.replica, leader_stamp, self.clocks.cluster_now_us, self.versions.writes)
         self._step_down_requested = False
         self.leader_changes = 0
         self._leader_seen: Any = None
@@ -299,6 +184,8 @@ class Group:
             self._after_commit.clear()
             self._on_fatal(f"group={self.group_id} {exc}")
             return {"fatal": str(exc)}
+        if op is not None:
+            log.debug("applied group=%d op=%s raft_index=%d", self.group_id, op.name, index)
         if self._on_applied is not None and op is not None:
             self._after_commit.append(lambda: self._notify_applied(index, op, result))
         return result
@@ -326,7 +213,7 @@ class Group:
     def _watch_leader(self) -> None:
         leader = self.replica._getLeader()
         if leader != self._leader_seen:
-            snapshot_transfer.forget_transfers(self.replica)
+            pysyncobj_patches.forget_snapshot_transfers(self.replica)
             if leader is not None:
                 self.leader_changes += 1
                 log.info("leader_changed group=%d leader=%s term=%d", self.group_id, leader.address,
@@ -344,12 +231,12 @@ class Group:
     def _snapshot_delay_s(self, now_s: float | None = None) -> float:
         """Seconds until this replica's slot to start a copy (tick thread).
 
-        Slots are snapshot_stagger_s long and repeat every (nodes x stagger) on the wall
+        Slots are SNAPSHOT_STAGGER_S long and repeat every (nodes x stagger) on the wall
         clock: the followers' in address order, then the leader's. Counted from the
         moment each replica compacts, as before, two followers that compacted a few
         hundred entries apart (their journals weigh differently) copied at once, and the
         leader lost the one follower that kept its commits fast for seconds."""
-        stagger = self.conf.snapshot_stagger_s
+        stagger = SNAPSHOT_STAGGER_S
         leader = self.replica._getLeader()
         leader_addr = leader.address if leader is not None else None
         order = sorted(a for a in [self.self_addr, *self.peers] if a != leader_addr)

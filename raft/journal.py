@@ -4,7 +4,7 @@ pysyncobj's FileJournal is an mmap that is never msynced while the node runs,
 and its meta file is renamed into place without fsync: an acknowledged job
 survives kill -9 (page cache) but not power loss (upstream issue #84).
 DurableJournal keeps pysyncobj's Journal interface on append-only segment files
-that we fsync (raft/segments.py); `make_durable` calls `sync()` at the two moments
+that we fsync (raft/segments.py); raft/pysyncobj_patches.py's `make_durable` calls `sync()` at the two moments
 where Raft counts a copy: before the leader counts itself, and before a follower
 answers. `<journal>.meta` is msgpack {"term", "voted_for", "commit_index",
 "first_index"}, replaced atomically with fsyncs.
@@ -34,20 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pysyncobj.journal
-import pysyncobj.syncobj
-from pysyncobj import SyncObj
 
-from raft import fileio, segments
-from raft.segments import MAGIC, Entry, JournalError
-from storage import codec
+from schedulerd.raft import fileio, pysyncobj_patches, segments
+from schedulerd.raft.segments import MAGIC, Entry, JournalError
+from schedulerd.storage import codec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAGIC", "DurableJournal", "JournalError", "install", "journal_for", "make_durable"]
+__all__ = ["MAGIC", "DurableJournal", "JournalError", "install", "journal_for"]
 
-# Messages that tell a peer what this node holds: its log must be durable first.
-# Term and vote are already durable (setCurrentTerm stores them synchronously).
-_SYNC_BEFORE_SENDING = frozenset({"next_node_idx", "request_vote", "response_vote"})
 
 Loc = tuple[int, int]  # (segment number, offset of the entry's record in it)
 # A segment takes no more appends once it holds this much. Compaction frees whole
@@ -387,7 +382,7 @@ def install(journal_factory: Callable[[str], DurableJournal] | None = None) -> N
     """
     global _factory
     _factory = journal_factory or DurableJournal
-    pysyncobj.syncobj.createJournal = _create_journal
+    pysyncobj_patches.replace_journal_factory(_create_journal)
 
 
 def _create_journal(journalFile: str | None = None) -> pysyncobj.journal.Journal:
@@ -404,36 +399,3 @@ def journal_for(path: str) -> DurableJournal:
         return _journals[os.path.abspath(path)]
     except KeyError:
         raise KeyError(f"no open DurableJournal for {path}; was install() called first?") from None
-
-
-def make_durable(syncobj: SyncObj, journal: DurableJournal) -> None:
-    """fsync the log before `syncobj` counts its own copy or reports it to a peer.
-
-    Call once, right after constructing the SyncObj: its tick thread starts in
-    the constructor, and entries it acknowledges before this call are not fsynced
-    first.
-    """
-    if syncobj._SyncObj__raftLog is not journal:
-        raise ValueError("journal is not this SyncObj's log; call install() before creating it")
-    # Leader. The installed 0.3.17 SyncObj._onTick runs, in order: (1) if leader,
-    # count followers' matchIndex plus 1 for itself and advance the commit index;
-    # (2) apply committed entries; (3) send append_entries; (4)
-    # _checkCommandsToApply appends the leader's new entries; (5) log compaction;
-    # (6) tick callbacks; (7) poller.poll waits for messages. Syncing at (6) makes
-    # the entries of (4) durable before (1) of the next tick counts them. The NO_OP
-    # a new leader appends inside (7) counts only with followers' acks, which
-    # arrive in a later poll, after (6). Only a 1-node cluster commits its
-    # election NO_OP unsynced (elected and counted in one tick): it carries no
-    # client write, and the next sync covers it since the file is append-only.
-    syncobj.addOnTickCallback(journal.sync)
-    # Follower. The append_entries handler adds entries, then answers through
-    # self.__transport.send(node, {"type": "next_node_idx", ...}).
-    transport = syncobj._SyncObj__transport
-    send = transport.send
-
-    def send_after_sync(node: Any, message: dict[str, Any]) -> bool:
-        if message.get("type") in _SYNC_BEFORE_SENDING:
-            journal.sync()
-        return send(node, message)
-
-    transport.send = send_after_sync

@@ -21,7 +21,7 @@ import threading
 import time
 import zlib
 
-from raft.fileio import fsync_dir, pwrite_all
+from schedulerd.raft.fileio import fsync_dir, pwrite_all
 
 log = logging.getLogger("raft.journal")
 

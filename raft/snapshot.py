@@ -23,9 +23,10 @@ from typing import Any, BinaryIO
 
 import lmdb
 
-from raft.fileio import fsync_dir, pwrite_all
-from storage import codec, keys
-from storage.db import DB_NAMES, LAST_APPLIED, Store
+from schedulerd.raft.fileio import fsync_dir, pwrite_all
+from schedulerd.raft.store import Store
+from schedulerd.storage import codec, keys
+from schedulerd.storage.tables import DB_NAMES, LAST_APPLIED
 
 log = logging.getLogger("schedulerd.snapshot")
 

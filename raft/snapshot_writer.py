@@ -23,7 +23,7 @@ other, and the leader last).
 The first snapshot of a data dir (no previous one to keep) is written in the
 call, as before, and unpaced: pacing it would hold the tick thread longer. A
 background copy is paced (`snapshot_write_bytes_per_s`), and staged in memory first
-where there is room (`snapshot_stage_dir`), so its LMDB read txn is open for the
+where there is room (`STAGE_DIR`), so its LMDB read txn is open for the
 fraction of a second the staging takes instead of the whole paced write. Apply goes
 on meanwhile; the copy may hold entries after the ones named in its header, which
 replay skips."""
@@ -37,17 +37,22 @@ from typing import Any, Callable
 
 from pysyncobj import SERIALIZER_STATE
 
-from raft import fileio, snapshot
-from storage.db import Store
+from schedulerd.raft import fileio, snapshot
+from schedulerd.raft.store import Store
 
 log = logging.getLogger("schedulerd.snapshot")
 
 SIZE_READ_EVERY_S = 1.0
+# A background copy is first made into an unlinked file here, in memory, where it has
+# room for the store; the paced write then reads it with no LMDB read txn open
+# (raft/snapshot.py). No room: LMDB copies through a pipe as the write goes, holding its
+# read txn all that time, and the store writes more back afterwards.
+STAGE_DIR = "/dev/shm"
 
 
 class SnapshotWriter:
     def __init__(self, store: Store, path: str, delay_s: Callable[[], float] = lambda: 0.0,
-                 bytes_per_s: int = 0, stage_dir: str | None = None) -> None:
+                 bytes_per_s: int = 0, stage_dir: str | None = STAGE_DIR) -> None:
         self.store = store
         self.path = path
         self._delay_s = delay_s

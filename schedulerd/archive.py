@@ -21,13 +21,15 @@ from typing import Any
 
 import msgspec
 
+from schedulerd.units import US_PER_S
+
 ARCHIVE_SUFFIX = ".jsonl.gz"
 # Views hold a job's payload and a run's result as the JSON text stored (msgspec.Raw).
 _ENCODER = msgspec.json.Encoder()
 
 
 def path_of(root: str, group_id: int, at_us: int) -> str:
-    hour = datetime.fromtimestamp(at_us / 1_000_000, tz=timezone.utc).strftime("%Y-%m-%dT%H")
+    hour = datetime.fromtimestamp(at_us / US_PER_S, tz=timezone.utc).strftime("%Y-%m-%dT%H")
     return os.path.join(root, f"group-{group_id}", hour + ARCHIVE_SUFFIX)
 
 

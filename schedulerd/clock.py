@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import time
 
+from schedulerd.units import US_PER_S
+
 OFFSET_RECHECK_S = 0.05
 
 
@@ -44,6 +46,6 @@ class Clock:
         with open(self._offset_file) as f:
             text = f.read().strip()
         try:
-            self._file_offset_us = int(float(text) * 1_000_000) if text else 0
+            self._file_offset_us = int(float(text) * US_PER_S) if text else 0
         except ValueError:
             self._file_offset_us = 0

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-from raft.group import Group
-from storage.ops import Op
+from schedulerd.raft.group import Group
+from schedulerd.storage.ops import Op
 
 Propose = Callable[[Group, Op, dict[str, Any]], Awaitable[dict[str, Any]]]
 

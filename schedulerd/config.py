@@ -3,12 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raft.conf import RaftConfig
-from schedulerd import gctune
 from schedulerd.destinations import DestinationPolicy
-from schedulerd.exposure import ExposurePolicy
+from schedulerd.api.exposure import ExposurePolicy
 from schedulerd.jobspec import TTL_S_MAX
 from schedulerd.limits import Limits
+from schedulerd.raft.conf import RaftConfig
 
 
 @dataclass(frozen=True)
@@ -18,7 +17,7 @@ class NodeConfig:
     http_host: str = "127.0.0.1"
     http_port: int = 8080
     limits: Limits = field(default_factory=Limits)
-    # Names the node answers to besides its own (schedulerd/exposure.py); "*": any.
+    # Names the node answers to besides its own (schedulerd/api/exposure.py); "*": any.
     allowed_hosts: tuple[str, ...] = ()
     # Web origins whose pages may change things on the node (CORS answered for them).
     allowed_origins: tuple[str, ...] = ()
@@ -26,12 +25,6 @@ class NodeConfig:
     destinations: DestinationPolicy = field(default_factory=DestinationPolicy)
     # Lease granted to a worker per delivery; heartbeats extend it by the same.
     lease_s: float = 30.0
-    # A poll served by a follower asks to lease only runs ready at least this long. A
-    # newly ready run is leased first by the leader's own polls, a commit closer; a
-    # follower asking at once raced them, and at 300 jobs/s 39% of LEASE_READY entries,
-    # each fsynced by every node, leased nothing.
-    # Runs that wait longer (no poll free on the leader, a backlog) are asked for as before.
-    follower_lease_defer_s: float = 0.02
     # How often the group leader scans the due index and the lease-expiry index.
     scan_interval_s: float = 0.1
     # Claim occurrences this far ahead of their time, so the run is already in the
@@ -52,11 +45,6 @@ class NodeConfig:
     sweep_interval_s: float = 1.0
     # How long a request waits for its entry to commit before answering 503.
     propose_timeout_s: float = 5.0
-    # Container objects allocated (net) before the cyclic garbage collector's youngest
-    # generation runs; CPython's default is 700. Apply makes and drops a few dozen dicts
-    # per job, nearly all freed by reference counting, yet at 700 the collector ran ~100
-    # times a second per node and took 10-20% of apply.
-    gc_young_objects: int = gctune.YOUNG_OBJECTS
 
     def validate(self) -> None:
         self.raft.validate()
@@ -67,8 +55,6 @@ class NodeConfig:
             raise ValueError(f"finished_ttl_s must be within 0..{TTL_S_MAX} seconds (0: keep forever)")
         if not 0.05 <= self.sweep_interval_s <= 60:
             raise ValueError("sweep_interval_s must be within 0.05..60 seconds")
-        if not 0 <= self.follower_lease_defer_s <= 1:
-            raise ValueError("follower_lease_defer_s must be within 0..1 seconds")
         if not 0 < self.misfire_grace_s <= 3600:
             raise ValueError("misfire_grace_s must be more than 0 and at most 3600 seconds")
         if not 0.01 <= self.scan_interval_s <= 5:
@@ -84,9 +70,6 @@ class NodeConfig:
             raise ValueError(f"request_bytes_max, create_entry_bytes_max and "
                              f"ack_entry_weight_max * ack_weight_bytes must stay under half of the Raft entry_bytes_max ({self.raft.entry_bytes_max}); "
                              f"the largest is {largest}")
-        low, high = gctune.YOUNG_OBJECTS_RANGE
-        if not low <= self.gc_young_objects <= high:
-            raise ValueError(f"gc_young_objects must be within {low}..{high} ({low} is CPython's default)")
         ExposurePolicy.build(self.http_host, self.allowed_hosts, self.allowed_origins)
         self.destinations.validate()
         if not 0 < self.http_port < 65536:

@@ -12,24 +12,22 @@ from typing import Any
 from schedulerd import targets
 from schedulerd.errors import InvalidJob, TooLarge
 from schedulerd.limits import Limits
+from schedulerd.storage import cron, retry
+from schedulerd.storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage.model import MisfirePolicy, OverlapPolicy
 from schedulerd.strict_json import integral
 from schedulerd.timefmt import from_iso
-from storage import cron, retry
-from storage.jobs import RETENTION as RETENTION_STORED, SPEC_DEFAULTS
-from storage.model import MisfirePolicy, OverlapPolicy
+from schedulerd.units import US_PER_S
 
 ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}\Z")
 QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
 _DURATION_PART = re.compile(r"([0-9]{1,12})(ms|s|m|h|d)")
 _UNIT_US = {"ms": 1_000, "s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
-US = 1_000_000
-EVERY_US_MIN = US
-EVERY_US_MAX = 366 * 86_400 * US
+EVERY_US_MIN = US_PER_S
+EVERY_US_MAX = 366 * 86_400 * US_PER_S
 IDEMPOTENCY_KEY_CHARS_MAX = 256
 TTL_S_MAX = 10 * 366 * 86_400  # ten years; 0 keeps forever
 
-# Storage form of every optional field, with its default (part of the entry format).
-JOB_DEFAULTS = SPEC_DEFAULTS
 RETENTION_FIELDS = {"finished_ttl_s", "history_ttl_s", "keep_dead_letters"}
 OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "misfire_policy", "catchup_limit",
                  "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit",
@@ -85,7 +83,7 @@ def parse_schedule(raw: Any, now_us: int, limits: Limits) -> dict[str, Any]:
 
 def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None = None) -> dict[str, Any]:
     """A user's job JSON -> the spec a create entry carries: job_id, schedule and the
-    storage form of each option given. Apply fills in the others from JOB_DEFAULTS."""
+    storage form of each option given. Apply fills in the others from SPEC_DEFAULTS."""
     if not isinstance(raw, dict):
         raise InvalidJob("a job must be a JSON object")
     _only(raw, CREATE_FIELDS, "job")
@@ -127,7 +125,7 @@ _SECONDS_OPTIONS = {"starting_deadline_s": ("starting_deadline_us", True), "time
 
 def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
                   backoff_base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The storage form of each option present in raw (create fills the rest from JOB_DEFAULTS).
+    """The storage form of each option present in raw (create fills the rest from SPEC_DEFAULTS).
 
     A create's partial `backoff` is completed from the defaults. An update passes the
     job's backoff as this node reads it (backoff_base): the parts given are checked
@@ -157,9 +155,9 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
             if raw[name] is None and nullable:
                 out[field] = None
                 continue
-            out[field] = int(_number_in(raw[name], name, *RANGES[name]) * US)
+            out[field] = int(_number_in(raw[name], name, *RANGES[name]) * US_PER_S)
     if "backoff" in raw:
-        backoff = _backoff(raw["backoff"], backoff_base or JOB_DEFAULTS["backoff"])
+        backoff = _backoff(raw["backoff"], backoff_base or SPEC_DEFAULTS["backoff"])
         out["backoff"] = backoff if backoff_base is None else {part: backoff[part] for part in raw["backoff"]}
     if "target" in raw:
         out["target"] = targets.parse_target(raw["target"], limits)
@@ -173,11 +171,12 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
 def check_together(options: dict[str, Any]) -> None:
     """Refuse options that are valid alone and not together, in storage form: a create's
     (a missing one holds its default), an update's over the job as this node reads it."""
-    jitter = options.get("jitter_us", JOB_DEFAULTS["jitter_us"])
-    deadline = options.get("starting_deadline_us", JOB_DEFAULTS["starting_deadline_us"])
+    jitter = options.get("jitter_us", SPEC_DEFAULTS["jitter_us"])
+    deadline = options.get("starting_deadline_us", SPEC_DEFAULTS["starting_deadline_us"])
     if deadline is not None and jitter >= deadline:
-        raise InvalidJob(f"jitter_s ({jitter / US:g}) must be less than starting_deadline_s ({deadline / US:g}): "
-                         "an occurrence jittered that late would be skipped as past its deadline")
+        raise InvalidJob(f"jitter_s ({jitter / US_PER_S:g}) must be less than starting_deadline_s "
+                         f"({deadline / US_PER_S:g}): an occurrence jittered that late would be skipped as past its "
+                         "deadline")
 
 
 def _backoff(raw: Any, base: dict[str, Any]) -> dict[str, Any]:

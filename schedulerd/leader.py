@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from raft.group import Group
 from schedulerd.errors import SchedulerError
 from schedulerd.node import Node
+from schedulerd.raft.group import Group
+from schedulerd.storage import queries
+from schedulerd.storage.ops import Op
 from schedulerd.sweeper import Sweeper
-from storage import queries
-from storage.ops import Op
+from schedulerd.units import US_PER_S
 
 log = logging.getLogger("schedulerd.leader")
 
@@ -64,7 +65,7 @@ class LeaderLoops:
         """Claim what is due up to now + lookahead; True if a full batch was claimed (scan again now)."""
         cfg, limits = self.node.config, self.node.config.limits
         now = group.clocks.cluster_now_us()  # judged by one skewed clock, claims would misfire or wait
-        until = now + int(cfg.lookahead_s * 1_000_000)
+        until = now + int(cfg.lookahead_s * US_PER_S)
         with self.node.read(group) as (txn, tables):
             due = queries.due(txn, tables, self.node.shards_of(group), until, limits.scan_batch_max)
         deferred = self._deferred.setdefault(group.group_id, set())
@@ -75,7 +76,7 @@ class LeaderLoops:
         due.sort(key=lambda item: item[1])
         batch = due[: limits.claim_batch_max]
         result = await self.node.propose(group, Op.CLAIM_BATCH, {
-            "now": now, "grace_us": int(cfg.misfire_grace_s * 1_000_000),
+            "now": now, "grace_us": int(cfg.misfire_grace_s * US_PER_S),
             "claims": [[job_id, fire] for job_id, fire in batch]})
         deferred.update((job_id, fire) for job_id, fire in result["deferred"])
         log.debug("claim_batch group=%d claimed=%d stale=%d deferred=%d", group.group_id, len(result["runs"]),

@@ -11,8 +11,8 @@ extends and expires at the time the others agree on. The estimate errs behind th
 median, never ahead: late by a message's transit, never early."""
 from __future__ import annotations
 
-from storage import ops
-from storage.ops import Op
+from schedulerd.storage import ops
+from schedulerd.storage.ops import Op
 
 
 def stamp(blob: bytes, cluster_now_us: int) -> bytes:

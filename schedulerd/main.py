@@ -16,20 +16,21 @@ import click
 import uvloop
 from aiohttp import web
 
-from raft import snapshot
 from schedulerd import auth, jobspec, logfmt
+from schedulerd.api.app import make_app, server_options
 from schedulerd.auth import TokenFile
-from raft.conf import RaftConfig
-from schedulerd.api import make_app, server_options
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.destinations import DestinationPolicy
 from schedulerd.errors import SchedulerError
 from schedulerd.gctune import tune_gc
 from schedulerd.leader import LeaderLoops
-from schedulerd.limits import Limits
 from schedulerd.lease_queue import LeaseQueue
+from schedulerd.limits import Limits
 from schedulerd.node import Node
+from schedulerd.raft import snapshot
+from schedulerd.raft.conf import RaftConfig
+from schedulerd.units import US_PER_S
 
 log = logging.getLogger("schedulerd")
 
@@ -71,6 +72,7 @@ async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = Non
              config.raft.self_addr, ",".join(config.raft.peers) or "-", config.raft.data_dir)
     await stop.wait()
     log.info("node_stopping")
+    leases.close()
     await runner.cleanup()
     await loops.stop()
     node.stop()
@@ -172,7 +174,7 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
     if config.finished_ttl_s == 0:
         log.warning("retention_off --finished-ttl 0: finished jobs and their runs are kept forever and the "
                     "store only grows; jobs may still set finished_ttl_s")
-    tune_gc(config.gc_young_objects)
+    tune_gc()
     uvloop.run(serve(config, Clock(offset_file=clock_offset_file), tokens, _tls_context(tls_cert, tls_key)))
 
 
@@ -180,7 +182,7 @@ def _ttl_s(text: str) -> float:
     if text.strip() == "0":
         return 0.0
     try:
-        return jobspec.parse_duration_us(text, "--finished-ttl") / 1_000_000
+        return jobspec.parse_duration_us(text, "--finished-ttl") / US_PER_S
     except SchedulerError as exc:
         raise click.BadParameter(exc.message, param_hint="'--finished-ttl'") from None
 

@@ -26,11 +26,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from schedulerd.node import Node
-from storage import queries
-from storage.model import RunState
-from storage.ops import Op
+from schedulerd.storage import queries
+from schedulerd.storage.model import RunState
+from schedulerd.storage.ops import Op
+from schedulerd.units import US_PER_S
 
-US = 1_000_000
 LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -77,7 +77,7 @@ class Metrics:
             leased = 0
             for _, tasks in result["grants"]:
                 leased += len(tasks)
-                self.lateness.observe_many([max(0, now - task["scheduled_us"]) / US for task in tasks
+                self.lateness.observe_many([max(0, now - task["scheduled_us"]) / US_PER_S for task in tasks
                                             if task["attempt"] == 1 and not task.get("trigger")])
             self.runs.labels("leased").inc(leased)
             if result["skipped"]:
@@ -219,11 +219,11 @@ class _StateCollector(Collector):
                                                              "history_limit and the TTLs bound.")
         stored.add_metric([], stored_runs)
         overdue.add_metric([], due_count)
-        overdue_age.add_metric([], (now - oldest_due) / US if oldest_due is not None else 0.0)
+        overdue_age.add_metric([], (now - oldest_due) / US_PER_S if oldest_due is not None else 0.0)
         for queue, (ready, later, oldest) in sorted(queues.items()):
             depth.add_metric([queue], ready)
             waiting.add_metric([queue], later)
-            ready_age.add_metric([queue], (now - oldest) / US)
+            ready_age.add_metric([queue], (now - oldest) / US_PER_S)
         truncated.add_metric([], 1 if cut else 0)
         yield from (jobs, runs, stored, overdue, overdue_age, depth, waiting, ready_age, truncated)
         yield from self._raft()

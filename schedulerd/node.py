@@ -10,15 +10,15 @@ from typing import Any, Callable, Iterator
 
 import lmdb
 
-from raft.group import Group, ProposalFailed
 from schedulerd import lease_time
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.diskguard import DiskGuard
 from schedulerd.errors import Conflict, OutcomeUnknown, Unavailable
-from storage import keys, ops
-from storage.db import Tables
-from storage.ops import Op
+from schedulerd.raft.group import Group, ProposalFailed
+from schedulerd.storage import keys, ops
+from schedulerd.storage.ops import Op
+from schedulerd.storage.tables import Tables
 
 log = logging.getLogger("schedulerd.node")
 

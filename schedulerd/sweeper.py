@@ -11,13 +11,13 @@ import asyncio
 import logging
 from typing import Any
 
-from raft.group import Group
 from schedulerd import archive, views
 from schedulerd.errors import SchedulerError
 from schedulerd.node import Node
+from schedulerd.raft.group import Group
+from schedulerd.storage import ops, queries, records, retention
+from schedulerd.storage.ops import Op
 from schedulerd.timefmt import to_iso
-from storage import ops, queries, records, retention
-from storage.ops import Op
 
 log = logging.getLogger("schedulerd.sweeper")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 
-US_PER_S = 1_000_000
+from schedulerd.units import US_PER_S
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # The times a request may name. Storage keys hold times as unsigned 64-bit integers, so
 # nothing before the epoch; and the views must render whatever a time leads to (a retry's

@@ -8,10 +8,10 @@ import msgspec
 from aiohttp import web
 
 from schedulerd.namespaces import outward, split
+from schedulerd.storage.queries import TaskPart
 from schedulerd.timefmt import to_iso
-from storage.queries import TaskPart
+from schedulerd.units import US_PER_S
 
-US = 1_000_000
 # A leased run as a poll answers it: its view, and its payload's stored JSON text.
 TaskView = tuple[dict[str, Any], str]
 
@@ -19,7 +19,7 @@ TaskView = tuple[dict[str, Any], str]
 def _seconds(us: int | None) -> float | int | None:
     if us is None:
         return None
-    return us // US if us % US == 0 else us / US
+    return us // US_PER_S if us % US_PER_S == 0 else us / US_PER_S
 
 
 REDACTED = "(redacted)"

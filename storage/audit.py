@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import keys
-from storage.codec import pack
-from storage.ops import Op
-from storage.records import Ctx
+from schedulerd.storage import keys
+from schedulerd.storage.codec import pack
+from schedulerd.storage.ops import Op
+from schedulerd.storage.records import Ctx
 
 AUDIT_RECORDS_MAX = 10_000
 

@@ -9,9 +9,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from storage import cron
+from schedulerd.storage import cron
+from schedulerd.units import US_PER_S
 
-S = 1_000_000
 COUNT_STEPS_MAX = 1000  # past this, the count of older missed occurrences is reported as unknown
 WINDOW_STEPS_MAX = 20_000
 
@@ -41,7 +41,7 @@ def missed(schedule: dict[str, Any], fire_us: int, cutoff_us: int, limit: int, e
     before, its scan stopped part-way and took the occurrences where it stopped for the
     newest, leaving those after them without a record."""
     nxt = cron.next_after(schedule, fire_us)
-    gap = max(S, (nxt - fire_us) if nxt is not None else S)
+    gap = max(US_PER_S, (nxt - fire_us) if nxt is not None else US_PER_S)
     span = gap * (limit + 1)
     roomy = cutoff_us  # a start that leaves at most `limit` in the window
     while True:

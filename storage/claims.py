@@ -23,10 +23,10 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from storage import catchup, cron, ops, records
-from storage.model import (JOB_COMPLETED, JOB_SCHEDULED, RUN_QUEUED, JobEvent, JobState, MisfirePolicy,
+from schedulerd.storage import catchup, cron, ops, records
+from schedulerd.storage.model import (JOB_COMPLETED, JOB_SCHEDULED, RUN_QUEUED, JobEvent, JobState, MisfirePolicy,
                            OverlapPolicy, Reason, RunState, job_transition)
-from storage.records import Ctx, Record
+from schedulerd.storage.records import Ctx, Record
 
 DEFAULT_GRACE_US = 5_000_000
 BACKFILL_SPACING_US = 100_000  # missed runs of one job are released this far apart
@@ -60,12 +60,13 @@ def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         cutoff = now - grace
         made = [_claim_on_time(ctx, job, fire_us, now, fire_us)] if fire_us >= cutoff else \
             _claim_missed(ctx, job, fire_us, now, cutoff)
-        skipped += tally(made, queued, reasons)
+        skipped += sort_made(made, queued, reasons)
     return {"runs": queued, "skipped": skipped, "stale": stale, "skipped_reasons": reasons, "deferred": deferred}
 
 
-def tally(made: list[Record], queued: list[str], reasons: dict[str, int]) -> int:
-    """Add the queued runs' ids to `queued` and count the others by reason; returns how many were skipped."""
+def sort_made(made: list[Record], queued: list[str], reasons: dict[str, int]) -> int:
+    """Sort the runs a claim made: the queued ones' ids into `queued`, the others counted by
+    reason into `reasons`; returns how many were skipped."""
     skipped = 0
     for run in made:
         if run["state"] == RUN_QUEUED:
@@ -91,7 +92,7 @@ def claim_created(ctx: Ctx, job: Record, now: int, grace_us: int, ahead_us: int)
 
 def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int, old_fire: int | None) -> Record:
     nxt = cron.next_after(job["schedule"], fire_us)
-    run = occur(ctx, job, fire_us, now, fire_us + _jitter_us(job, fire_us, nxt))
+    run = new_run(ctx, job, fire_us, now, fire_us + _jitter_us(job, fire_us, nxt))
     _advance(ctx, job, nxt, old_fire, now)
     return run
 
@@ -111,7 +112,7 @@ def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) ->
         if records.occurrence_taken(ctx, job["job_id"], t):
             continue  # a manual trigger or a run claimed ahead already stands for it
         if t in run_set:
-            made.append(occur(ctx, job, t, now, release))
+            made.append(new_run(ctx, job, t, now, release))
             release += BACKFILL_SPACING_US
         else:
             made.append(_skipped(ctx, job, t, now, Reason.MISFIRE_SKIP))
@@ -134,12 +135,12 @@ def skip_overdue(ctx: Ctx, job: Record, now: int, before_us: int | None, reason:
     made += [_skipped(ctx, job, t, now, reason) for t in found.recent
              if not records.occurrence_taken(ctx, job["job_id"], t)]
     reasons: dict[str, int] = {}
-    tally(made, [], reasons)
+    sort_made(made, [], reasons)
     return reasons
 
 
-def occur(ctx: Ctx, job: Record, scheduled_us: int, now: int, available_us: int,
-          trigger: bool = False) -> Record:
+def new_run(ctx: Ctx, job: Record, scheduled_us: int, now: int, available_us: int,
+            trigger: bool = False) -> Record:
     """The run of one occurrence: queued, or skipped by the deadline or overlap rules."""
     deadline = job.get("starting_deadline_us")
     if deadline is not None and scheduled_us + deadline < now and not trigger:

@@ -30,7 +30,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
 
-US = 1_000_000
+from schedulerd.units import US_PER_S
+
 # Offset changes are found by probing the zone every 6 h and bisecting to the
 # second. No zone in tzdata changes its offset twice within 6 h.
 _PROBE_S = 6 * 3600
@@ -143,12 +144,12 @@ def _cron_next(expr: str, seconds: bool, tz: str, after_us: int) -> int | None:
     seg = _segment(tz, t)
     for _ in range(_STEPS_MAX):
         # Cron matches fall on whole seconds, so "after t" is "after floor(t)" in seconds.
-        wall_s = _next_wall_s(expr, seconds, t // US + seg.offset_s)
+        wall_s = _next_wall_s(expr, seconds, t // US_PER_S + seg.offset_s)
         if wall_s is None:
             return None
-        fire_us = (wall_s - seg.offset_s) * US
+        fire_us = (wall_s - seg.offset_s) * US_PER_S
         if fire_us >= seg.end_us:
-            end_s = seg.end_us // US
+            end_s = seg.end_us // US_PER_S
             if named_hours and seg.next_offset_s > seg.offset_s and wall_s < end_s + seg.next_offset_s:
                 # The named time does not exist (spring forward): run once, when the gap ends.
                 return seg.end_us
@@ -198,20 +199,20 @@ def _next_wall_s(expr: str, seconds: bool, after_wall_s: int) -> int | None:
 
 def _segment(tz: str, t_us: int) -> _Segment:
     """The constant-offset segment of zone tz that holds the instant t_us."""
-    year = datetime.fromtimestamp(t_us // US, timezone.utc).year
+    year = datetime.fromtimestamp(t_us // US_PER_S, timezone.utc).year
     changes = _changes_around(tz, year)
     index = bisect_right(changes, t_us, key=lambda change: change[0])
     if index:
         start_us, before_s, offset_s = changes[index - 1]
-        repeat_until_us = start_us + max(0, before_s - offset_s) * US
+        repeat_until_us = start_us + max(0, before_s - offset_s) * US_PER_S
     else:
-        offset_s = _offset_s(zone(tz), t_us // US)
+        offset_s = _offset_s(zone(tz), t_us // US_PER_S)
         repeat_until_us = t_us
     if index < len(changes):
         end_us, _, next_offset_s = changes[index]
     else:
         # No change known up to the end of year + 1: stop there and look again.
-        end_us, next_offset_s = _year_start_s(year + 2) * US, offset_s
+        end_us, next_offset_s = _year_start_s(year + 2) * US_PER_S, offset_s
     return _Segment(offset_s, end_us, next_offset_s, repeat_until_us)
 
 
@@ -237,7 +238,7 @@ def _year_changes(tz: str, year: int) -> tuple[tuple[int, int, int], ...]:
             while high - low > 1:
                 mid = (low + high) // 2
                 low, high = (mid, high) if _offset_s(info, mid) == before else (low, mid)
-            out.append((high * US, before, after))
+            out.append((high * US_PER_S, before, after))
             before = after
         t = probe
     return tuple(out)

@@ -1,6 +1,6 @@
 """Where a command is applied: one Raft entry, in the store's apply txn.
 
-The caller commits that txn (`Store.commit_applied`) once per batch of entries;
+The caller (raft/store.py's Store) commits that txn once per batch of entries;
 an entry that raised must never be committed, so on `FatalApplyError` the caller
 aborts it and stops. The txn also records the entry's index as last_applied, so replaying an entry
 at or below it (pysyncobj replays the whole journal on restart) is a no-op.
@@ -13,16 +13,13 @@ Two kinds of failure, kept apart:
   replays the entry after restart. Swallowing it would let replicas diverge."""
 from __future__ import annotations
 
-import logging
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import lmdb
 
-from storage import audit, claims, jobs, leases, ops, records, retention
-from storage.db import Store, last_applied, set_last_applied
-from storage.ops import Op
-
-log = logging.getLogger("schedulerd.fsm")
+from schedulerd.storage import audit, claims, jobs, leases, ops, records, retention
+from schedulerd.storage.ops import Op
+from schedulerd.storage.tables import Tables, last_applied, set_last_applied
 
 Handler = Callable[[records.Ctx, dict[str, Any]], dict[str, Any]]
 
@@ -49,11 +46,20 @@ HANDLERS: dict[Op, Handler] = {
 ALREADY_APPLIED: dict[str, Any] = {"replayed": True}
 
 
+class Target(Protocol):
+    """What an entry is applied into: the group's store (raft/store.py's Store)."""
+
+    group: int
+    tables: Tables
+
+    def apply_txn(self) -> lmdb.Transaction: ...
+
+
 class FatalApplyError(Exception):
     """This node cannot apply the entry and must stop (it replays it on restart)."""
 
 
-def apply(store: Store, index: int, blob: bytes) -> tuple[Op | None, dict[str, Any]]:
+def apply(store: Target, index: int, blob: bytes) -> tuple[Op | None, dict[str, Any]]:
     """Apply the entry at Raft index `index`; returns (op, result)."""
     try:
         op, version, payload = ops.decode(blob)
@@ -65,7 +71,6 @@ def apply(store: Store, index: int, blob: bytes) -> tuple[Op | None, dict[str, A
         records.flush(ctx)
         audit.record_command(ctx, op, payload, result)
         set_last_applied(txn, store.tables, index)
-        log.debug("applied op=%s raft_index=%d", op.name, index)
         return op, result
     except ops.CorruptEntry as exc:
         raise FatalApplyError(f"entry {index}: {exc}") from exc

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import claims, codec, cron, keys, ops, records, retry
-from storage.layouts import JOB_RETENTION
-from storage.model import (JOB_SCHEDULED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason, RunEvent, RunState,
-                           job_transition, run_transition)
-from storage.records import Ctx, Record
+from schedulerd.storage import claims, codec, cron, keys, ops, records, retry
+from schedulerd.storage.layouts import JOB_RETENTION
+from schedulerd.storage.model import (JOB_SCHEDULED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason, RunEvent,
+                                      RunState, job_transition, run_transition)
+from schedulerd.storage.records import Ctx, Record
 
 # Every optional field of a job, with its default: the API's (schedulerd/jobspec.py) and
 # part of the entry format. A create entry of version 5 on carries, of each job, only the
@@ -29,10 +29,6 @@ UPDATABLE = frozenset({"schedule", "schedule_spec", "queue", "payload_json", "ma
                        "timeout_us", "jitter_us", "history_limit", "target"}) | RETENTION
 
 
-def _fail(code: str, message: str) -> dict[str, Any]:
-    return {"ok": False, "code": code, "message": message}
-
-
 def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     """Insert each job that does not exist yet; per-item results, one txn.
 
@@ -52,14 +48,14 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             raw = ctx.txn.get(keys.idempotency_key(idem), db=ctx.tables.idempotency)
             if raw is not None:
                 first_id, first_hash = codec.unpack(raw)
+                reused = records.rejected("conflict", f"idempotency key {idem!r} was used for a different request")
                 results.append({"job_id": first_id, "ok": True, "existing": True} if first_hash == spec["request_hash"]
-                               else {"job_id": job_id, **_fail("conflict", f"idempotency key {idem!r} was used "
-                                                                           "for a different request")})
+                               else {"job_id": job_id, **reused})
                 continue
         if records.job_exists(ctx, job_id):
-            results.append({"job_id": job_id, **_fail("conflict", f"job {job_id!r} already exists")})
+            results.append({"job_id": job_id, **records.rejected("conflict", f"job {job_id!r} already exists")})
             continue
-        records.job_is_new(ctx, job_id)
+        records.mark_job_new(ctx, job_id)
         job = dict(defaults, **spec)
         job.pop("request_hash", None)
         job.pop("audit", None)
@@ -84,7 +80,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         results.append({"job_id": job_id, "ok": True, "job": job})
     queued: list[str] = []
     reasons: dict[str, int] = {}
-    skipped = claims.tally(made, queued, reasons)
+    skipped = claims.sort_made(made, queued, reasons)
     return {"results": results, "runs": queued, "skipped": skipped, "skipped_reasons": reasons}
 
 
@@ -114,7 +110,7 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     job_id, now = cmd["job_id"], cmd["now"]
     job = records.get_job(ctx, job_id)
     if job is None:
-        return _fail("not_found", f"no job {job_id!r}")
+        return records.rejected("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
         return {"ok": True, "cancelled_runs": 0}
     if ctx.version >= ops.CANCEL_WITHDRAWS_SINCE:
@@ -126,7 +122,7 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     # A completed one-off whose run is running has something to cancel: a retry of it.
     still_running = ctx.version >= ops.CANCEL_RUNNING_SINCE and stats["running"] > 0
     if job["state"] == JobState.COMPLETED and not pending and not still_running:
-        return _fail("conflict", f"job {job_id!r} is completed; nothing to cancel")
+        return records.rejected("conflict", f"job {job_id!r} is completed; nothing to cancel")
     old_fire, was = job["next_fire_us"], job["state"]
     job.update(state=job_transition(job["state"], JobEvent.CANCEL), next_fire_us=None, updated_us=now)
     records.put_job(ctx, job, old_fire, was)
@@ -193,9 +189,9 @@ def _rearm(schedule: dict[str, Any], now: int, own_time: bool) -> int | None:
 
 def _not_live(job: Record | None, job_id: str) -> dict[str, Any] | None:
     if job is None:
-        return _fail("not_found", f"no job {job_id!r}")
+        return records.rejected("not_found", f"no job {job_id!r}")
     if job["state"] in (JobState.CANCELLED, JobState.COMPLETED):
-        return _fail("conflict", f"job {job_id!r} is {job['state']}")
+        return records.rejected("conflict", f"job {job_id!r} is {job['state']}")
     return None
 
 
@@ -204,16 +200,16 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     job_id, now, changes = cmd["job_id"], cmd["now"], cmd["changes"]
     job = records.get_job(ctx, job_id)
     if job is None:
-        return _fail("not_found", f"no job {job_id!r}")
+        return records.rejected("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
-        return _fail("conflict", f"job {job_id!r} is cancelled")
+        return records.rejected("conflict", f"job {job_id!r} is cancelled")
     changes = {k: v for k, v in changes.items() if k in UPDATABLE}
     if "backoff" in changes and ctx.version >= ops.BACKOFF_PARTS_SINCE:
         stored = job.get("backoff") or retry.DEFAULT_BACKOFF
         changes["backoff"] = {**stored, **changes["backoff"]}
         problem = retry.backoff_problem(changes["backoff"])
         if problem:
-            return _fail("invalid_job", f"{problem}; job {job_id!r} now has backoff {stored}")
+            return records.rejected("invalid_job", f"{problem}; job {job_id!r} now has backoff {stored}")
     claims.withdraw_ahead(ctx, job, cmd["now"])
     skipped: dict[str, int] = {}
     if "schedule" in changes:
@@ -241,12 +237,12 @@ def trigger_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     job_id, now = cmd["job_id"], cmd["now"]
     job = records.get_job(ctx, job_id)
     if job is None:
-        return _fail("not_found", f"no job {job_id!r}")
+        return records.rejected("not_found", f"no job {job_id!r}")
     if job["state"] == JobState.CANCELLED:
-        return _fail("conflict", f"job {job_id!r} is cancelled")
+        return records.rejected("conflict", f"job {job_id!r} is cancelled")
     at = now
     while records.occurrence_taken(ctx, job_id, at):
         at += 1
     records.prune_history(ctx, job_id, job["history_limit"] - 1, now)
-    run = claims.occur(ctx, job, at, now, now, trigger=True)
+    run = claims.new_run(ctx, job, at, now, now, trigger=True)
     return {"ok": True, "run": run}

@@ -6,7 +6,7 @@ Append only: a layout's number and fields are in every store and snapshot writte
 since entry version 10 (ops.ARRAY_RECORDS_SINCE)."""
 from __future__ import annotations
 
-from storage.codec import Layouts
+from schedulerd.storage.codec import Layouts
 
 # jobs.create_jobs builds a job as SPEC_DEFAULTS's fields, then the request's own
 # (job_id, schedule, schedule_spec, idempotency_key when given), then apply's.

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from storage import ops, queries, records, retry
-from storage.model import (LEASABLE_RUN_STATES, NACKED_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason,
+from schedulerd.storage import ops, queries, records, retry
+from schedulerd.storage.model import (PENDING_RUN_STATES, NACKED_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason,
                            RunEvent, RunState, run_transition)
-from storage.records import Ctx, Record
+from schedulerd.storage.records import Ctx, Record
 
 
 # Every FAIR_EVERY-th entry's grants take the longest-waiting runs whatever their
@@ -55,7 +55,7 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         tasks: list[Record] = []
         # Lazily: a run named twice is leasable only the first time.
         leasable = (run for run in (records.get_run(ctx, run_id) for run_id in run_ids)
-                    if run is not None and run["state"] in LEASABLE_RUN_STATES and run["available_us"] <= now)
+                    if run is not None and run["state"] in PENDING_RUN_STATES and run["available_us"] <= now)
         skipped += _grant_each(ctx, leasable, worker_id, now, lease_until, tasks)
         grants.append([worker_id, tasks])
     return {"grants": grants, "skipped": skipped, "now": now}
@@ -178,7 +178,7 @@ def nack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     rejection = _check_lease(run, run_id, cmd["worker_id"], cmd["fence"], now)
     if rejection:
         return rejection
-    after = _fail(ctx, run, now, cmd["error"], RunEvent.NACK_RETRY, RunEvent.NACK_FINAL, None)
+    after = _fail_attempt(ctx, run, now, cmd["error"], RunEvent.NACK_RETRY, RunEvent.NACK_FINAL, None)
     return {"run_id": run_id, "ok": True, "run": after}
 
 
@@ -194,14 +194,14 @@ def expire_leases(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         timed_out = run.get("attempt_deadline_us") is not None and now >= run["attempt_deadline_us"]
         error = (f"attempt exceeded timeout_s (worker {run['worker_id']!r}, fence {fence})" if timed_out
                  else f"lease expired (worker {run['worker_id']!r}, fence {fence})")
-        after = _fail(ctx, run, now, error, RunEvent.EXPIRE_RETRY, RunEvent.EXPIRE_FINAL,
+        after = _fail_attempt(ctx, run, now, error, RunEvent.EXPIRE_RETRY, RunEvent.EXPIRE_FINAL,
                       Reason.TIMEOUT if timed_out else Reason.LEASE_EXPIRED)
         expired += 1
         dead += after["state"] == RunState.DEAD_LETTER
     return {"expired": expired, "dead_letter": dead}
 
 
-def _fail(ctx: Ctx, run: Record, now: int, error: str, retry_event: RunEvent, final_event: RunEvent,
+def _fail_attempt(ctx: Ctx, run: Record, now: int, error: str, retry_event: RunEvent, final_event: RunEvent,
           reason: Reason | None) -> Record:
     """A failed attempt: retry after backoff, or dead-letter after the last attempt.
     The job was cancelled meanwhile: no retry, the run is cancelled."""

@@ -104,8 +104,8 @@ RUN_QUEUED, RUN_RUNNING, RUN_SUCCEEDED, RUN_DEAD_LETTER = R.QUEUED.value, R.RUNN
 JOB_SCHEDULED, JOB_COMPLETED = J.SCHEDULED.value, J.COMPLETED.value
 # A job in one of these states makes no new occurrence: once its runs are done, it has finished.
 FINISHED_JOB_STATES = frozenset({J.COMPLETED.value, J.CANCELLED.value})
-LEASABLE_RUN_STATES = frozenset({R.QUEUED, R.RETRY_WAIT})
-PENDING_RUN_STATES = LEASABLE_RUN_STATES
+# Waiting for a worker: a queued run now, a retry_wait run once its backoff is over.
+PENDING_RUN_STATES = frozenset({R.QUEUED, R.RETRY_WAIT})
 # Where a nack leaves a run (and a cancel after it): leases.nack knows its repeat by them.
 NACKED_STATES = frozenset({R.RETRY_WAIT, R.DEAD_LETTER, R.CANCELLED})
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-from storage import codec
+from schedulerd.storage import codec
 
 # The version this build writes, and those it reads. A version is raised when the rules
 # an entry is applied by change: an entry keeps the rules of the version it was written

@@ -8,17 +8,13 @@ from typing import Any, Iterable
 import lmdb
 import msgspec
 
-from storage import claims, keys
-from storage.codec import unpack
-from storage.db import DB_NAMES, Tables
-from storage.layouts import JOBS, RUNS
-from storage.model import JOB_SCHEDULED, JobState
-from storage.records import Record
+from schedulerd.storage import claims, keys, records
+from schedulerd.storage.codec import unpack
+from schedulerd.storage.layouts import JOBS
+from schedulerd.storage.model import JOB_SCHEDULED, JobState
+from schedulerd.storage.records import Reader, Record
+from schedulerd.storage.tables import DB_NAMES, Tables
 
-
-def get_job(txn: lmdb.Transaction, t: Tables, job_id: str) -> Record | None:
-    raw = txn.get(keys.job_key(job_id), db=t.jobs)
-    return JOBS.unpack(raw) if raw else None
 
 
 class TaskPart(msgspec.Struct, frozen=True):
@@ -40,10 +36,6 @@ def task_parts(txn: lmdb.Transaction, t: Tables, job_ids: Iterable[str]) -> dict
             out[job_id] = _TASK_PART(raw) if raw else None
     return out
 
-
-def get_run(txn: lmdb.Transaction, t: Tables, run_id: str) -> Record | None:
-    raw = txn.get(keys.run_key(run_id), db=t.runs)
-    return RUNS.unpack(raw) if raw else None
 
 
 def as_seen(job: Record, now_us: int) -> Record:
@@ -99,7 +91,7 @@ def job_runs(txn: lmdb.Transaction, t: Tables, job_id: str, *, limit: int,
         for key, run_id in cur:
             if not key.startswith(prefix):
                 break
-            run = get_run(txn, t, run_id.decode())
+            run = records.get_run(Reader(txn, t), run_id.decode())
             if run is not None:
                 out.append(run)
             if len(out) == limit:
@@ -195,7 +187,7 @@ def expired_leases(txn: lmdb.Transaction, t: Tables, now_us: int, limit: int) ->
             lease_until, run_id = keys.split_lease_key(key)
             if lease_until > now_us:
                 break
-            run = get_run(txn, t, run_id)
+            run = records.get_run(Reader(txn, t), run_id)
             if run is not None:
                 out.append((run_id, run["fence"]))
             if len(out) >= limit:
@@ -245,7 +237,7 @@ def dead_letters(txn: lmdb.Transaction, t: Tables, *, queue: str | None, limit: 
         for key in cur.iternext(keys=True, values=False):
             scanned += 1
             position = keys.split_dead_letter_key(key)
-            run = get_run(txn, t, position[1])
+            run = records.get_run(Reader(txn, t), position[1])
             if run is not None and (queue is None or run["queue"] == queue):
                 out.append(run)
                 if len(out) == limit:

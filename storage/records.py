@@ -11,15 +11,16 @@ job on every replica: by position, apply runs 3.8% fewer instructions."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import lmdb
 
-from storage import keys, ops
-from storage.codec import pack, unpack
-from storage.db import Tables
-from storage.layouts import JOBS, RUNS
-from storage.model import FINISHED_JOB_STATES, PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING, TERMINAL_RUN_STATES
+from schedulerd.storage import keys, ops
+from schedulerd.storage.codec import pack, unpack
+from schedulerd.storage.layouts import JOBS, RUNS
+from schedulerd.storage.model import (FINISHED_JOB_STATES, PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING,
+                                      TERMINAL_RUN_STATES)
+from schedulerd.storage.tables import Tables
 
 Record = dict[str, Any]
 
@@ -59,7 +60,20 @@ class Ctx:
         return run_id
 
 
-def get_job(ctx: Ctx, job_id: str) -> Record | None:
+def rejected(code: str, message: str) -> dict[str, Any]:
+    """A business rejection (no such job, a stale fence): a result, the same on every replica."""
+    return {"ok": False, "code": code, "message": message}
+
+
+class Reader(NamedTuple):
+    """A txn and its tables: all that get_job and get_run need, so the read side (queries,
+    the API) reads records as apply does. A Ctx serves as one too."""
+
+    txn: lmdb.Transaction
+    tables: Tables
+
+
+def get_job(ctx: Ctx | Reader, job_id: str) -> Record | None:
     raw = ctx.txn.get(keys.job_key(job_id), None, ctx.tables.jobs)
     return JOBS.unpack(raw) if raw else None
 
@@ -68,7 +82,7 @@ def job_exists(ctx: Ctx, job_id: str) -> bool:
     return ctx.txn.get(keys.job_key(job_id), None, ctx.tables.jobs) is not None
 
 
-def job_is_new(ctx: Ctx, job_id: str) -> None:
+def mark_job_new(ctx: Ctx, job_id: str) -> None:
     """A job this entry creates has no stored run counts: a job's are deleted with it
     (retention.purge_job), so none can linger from an earlier job of the same id, and its
     runs' bookkeeping need not look them up."""
@@ -119,7 +133,7 @@ def remove_job(ctx: Ctx, job: Record) -> None:
     ctx.txn.delete(keys.job_key(job_id), b"", ctx.tables.jobs)
 
 
-def get_run(ctx: Ctx, run_id: str) -> Record | None:
+def get_run(ctx: Ctx | Reader, run_id: str) -> Record | None:
     raw = ctx.txn.get(keys.run_key(run_id), None, ctx.tables.runs)
     return RUNS.unpack(raw) if raw else None
 

@@ -29,13 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from storage import keys, records
-from storage.model import FINISHED_JOB_STATES, PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING, RunState
-from storage.records import Ctx, Record
-
-
-def _fail(code: str, message: str) -> dict[str, Any]:
-    return {"ok": False, "code": code, "message": message}
+from schedulerd.storage import keys, records
+from schedulerd.storage.model import (FINISHED_JOB_STATES, PENDING_RUN_STATES, RUN_DEAD_LETTER, RUN_RUNNING,
+                                      RunState)
+from schedulerd.storage.records import Ctx, Record
 
 
 def purge_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -45,13 +42,13 @@ def purge_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     job_id, runs_max = cmd["job_id"], cmd["runs_max"]
     job = records.get_job(ctx, job_id)
     if job is None:
-        return _fail("not_found", f"no job {job_id!r}")
+        return records.rejected("not_found", f"no job {job_id!r}")
     if job["state"] not in FINISHED_JOB_STATES:
-        return _fail("conflict", f"job {job_id!r} is {job['state']}: cancel it before purging it")
+        return records.rejected("conflict", f"job {job_id!r} is {job['state']}: cancel it before purging it")
     stats = records.job_stats(ctx, job_id)
     if stats["pending"] or stats["running"]:
-        return _fail("conflict", f"job {job_id!r} still has {stats['pending']} run(s) waiting and "
-                                 f"{stats['running']} running: purge it once they have finished")
+        return records.rejected("conflict", f"job {job_id!r} still has {stats['pending']} run(s) waiting and "
+                                f"{stats['running']} running: purge it once they have finished")
     run_ids = records.occurrence_runs(ctx, job_id, runs_max + 1)
     deleted = 0
     for run_id in run_ids[:runs_max]:
@@ -80,10 +77,10 @@ def discard_run(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     run_id = cmd["run_id"]
     run = records.get_run(ctx, run_id)
     if run is None:
-        return _fail("not_found", f"no run {run_id!r}")
+        return records.rejected("not_found", f"no run {run_id!r}")
     if run["state"] != RunState.DEAD_LETTER:
-        return _fail("conflict", f"run {run_id!r} is {run['state']}, not dead_letter: only a dead letter is "
-                                 "discarded")
+        return records.rejected("conflict", f"run {run_id!r} is {run['state']}, not dead_letter: only a dead letter is "
+                                "discarded")
     records.reopen_dead_head(ctx, run)  # the history's count of dead letters at its head may hold this one
     records.delete_run(ctx, run)
     return {"ok": True, "run": run}

@@ -12,31 +12,17 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from bench.common import free_ports  # noqa: F401  (re-exported: tests import it from here)
-from schedulerd.worker import Task, Worker
+from schedulerd.sdk.worker import Task, Worker
+from tests.waiting import wait_until  # noqa: F401  (re-exported: the integration tests import it from here)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:  # the condition may fail while a node restarts; keep waiting
-            last_error = exc
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_error!r}")
 
 
 @contextmanager
@@ -213,7 +199,7 @@ def _bound(port: int) -> socket.socket:
 def lmdb_digest(path: str) -> str:
     """sha256 over every named database of a (stopped) node's LMDB environment."""
     import lmdb
-    from storage.db import DB_NAMES
+    from schedulerd.storage.tables import DB_NAMES
     env = lmdb.open(path, readonly=True, lock=False, max_dbs=len(DB_NAMES) + 1)
     h = hashlib.sha256()
     with env.begin() as txn:

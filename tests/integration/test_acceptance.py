@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 
 def schedctl(server: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "--server", server, *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "schedulerd.cli.main", "--server", server, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 

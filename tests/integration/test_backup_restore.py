@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schedulerd.worker import Task, Worker
+from schedulerd.sdk.worker import Task, Worker
 from tests.integration.harness import Cluster, running, wait_until
 
 pytestmark = pytest.mark.integration

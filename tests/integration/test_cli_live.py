@@ -12,14 +12,14 @@ from datetime import datetime, timezone
 
 import pytest
 
-from schedulerd.worker import Worker
+from schedulerd.sdk.worker import Worker
 from tests.integration.harness import running, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 def schedctl(url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "--server", url, *args],
+    return subprocess.run([sys.executable, "-m", "schedulerd.cli.main", "--server", url, *args],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -55,7 +55,7 @@ def test_runs_follow_prints_each_change_and_top_shows_queues(make_cluster) -> No
     assert node.post("/v1/jobs", {"job_id": "watched", "schedule": {"at": now}, "queue": "later"})[0] == 201
     # Ctrl-C is what stops --follow; a suite started in the background (`cmd &` without
     # job control) passes SIGINT down ignored, so give the child the terminal's default.
-    follow = subprocess.Popen([sys.executable, "-m", "cli.main", "--server", node.url, "runs", "watched",
+    follow = subprocess.Popen([sys.executable, "-m", "schedulerd.cli.main", "--server", node.url, "runs", "watched",
                                "--follow", "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

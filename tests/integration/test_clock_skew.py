@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schedulerd.client import Client
-from schedulerd.worker import Task, Worker
+from schedulerd.sdk.client import Client
+from schedulerd.sdk.worker import Task, Worker
 from tests.integration.harness import Cluster, NodeProc, running, wait_until
 
 pytestmark = pytest.mark.integration

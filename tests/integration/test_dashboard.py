@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from schedulerd.worker import Task, Worker
+from schedulerd.sdk.worker import Task, Worker
 from tests.integration.harness import running, wait_until
 from tests.integration.webdriver import Browser, find_browser
 

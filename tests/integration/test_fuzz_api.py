@@ -18,15 +18,15 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raft.conf import RaftConfig
-from schedulerd import openapi
-from schedulerd.api import make_app, server_options
+from schedulerd.api import openapi
+from schedulerd.api.app import make_app, server_options
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.lease_queue import LeaseQueue
 from schedulerd.limits import Limits
 from schedulerd.node import Node
-from storage.db import DB_NAMES, LAST_APPLIED
+from schedulerd.raft.conf import RaftConfig
+from schedulerd.storage.tables import DB_NAMES, LAST_APPLIED
 from tests.integration.harness import free_ports, wait_until
 
 pytestmark = pytest.mark.integration

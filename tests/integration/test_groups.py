@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schedulerd.client import Client
 from schedulerd.errors import SchedulerError
-from storage import keys
+from schedulerd.sdk.client import Client
+from schedulerd.storage import keys
 from tests.integration.harness import Cluster, NodeProc, lmdb_digest, recording_worker, running, wait_until
 
 pytestmark = pytest.mark.integration

@@ -92,7 +92,7 @@ def test_http_worker_acks_retries_dead_letters_and_sends_the_idempotency_key(mak
                                       "max_attempts": 1})[0] == 201
 
         worker = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "--server", node.url, "worker", "http", "--queue", "hooks",
+            [sys.executable, "-m", "schedulerd.cli.main", "--server", node.url, "worker", "http", "--queue", "hooks",
              "--concurrency", "4", "--allow-private-targets"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -154,7 +154,7 @@ def test_loopback_targets_are_refused_by_the_node_and_by_the_executor(make_clust
                                                     "max_attempts": 1, "target": {"kind": "http", "url": url}})
             assert status == 201, body
         worker = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "--server", opened.url, "worker", "http", "--queue", "hooks"],
+            [sys.executable, "-m", "schedulerd.cli.main", "--server", opened.url, "worker", "http", "--queue", "hooks"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             wait_until(lambda: all(opened.get(f"/v1/jobs/{j}/runs")[1]["runs"][0]["state"] == "dead_letter"

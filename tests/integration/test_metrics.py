@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from schedulerd.worker import Task, Worker
+from schedulerd.sdk.worker import Task, Worker
 from tests.integration.harness import running, wait_until
 
 pytestmark = pytest.mark.integration

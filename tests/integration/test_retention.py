@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 import pytest
 
 from schedulerd import archive
-from schedulerd.client import Client
 from schedulerd.errors import NotFound
+from schedulerd.sdk.client import Client
 from tests.integration.harness import ROOT, Cluster, http, recording_worker, running, wait_until
 
 pytestmark = pytest.mark.integration
@@ -24,7 +24,7 @@ def now_iso() -> str:
 
 
 def schedctl(url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "--server", url, *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "schedulerd.cli.main", "--server", url, *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -86,7 +86,9 @@ def test_a_dead_letter_is_discarded_through_the_api_and_schedctl(make_cluster) -
 
 
 JOBS = 100
-SWEEP_ARGS = ["--finished-ttl", "2s", "--limit", "sweep_batch_max=10", "--limit", "sweep_keys_per_s_max=20"]
+# 5 s: every job has run before the first is swept, even on a loaded box, so the count
+# the test watches falls from 100; 20 keys a second leaves seconds to kill the leader mid-sweep.
+SWEEP_ARGS = ["--finished-ttl", "5s", "--limit", "sweep_batch_max=10", "--limit", "sweep_keys_per_s_max=20"]
 
 
 def test_the_sweep_archives_before_it_deletes_even_across_a_leader_kill(tmp_path) -> None:
@@ -106,8 +108,8 @@ def test_the_sweep_archives_before_it_deletes_even_across_a_leader_kill(tmp_path
             wait_until(lambda: len({t.run_id for t in executions}) >= JOBS, 30, "every job to run")
         run_ids = {t.run_id for t in executions}
         leader = cluster.leader()
-        remaining = wait_until(lambda: len(leader.get("/v1/jobs?limit=1000")[1]["jobs"]) < JOBS and
-                               len(leader.get("/v1/jobs?limit=1000")[1]["jobs"]), 30, "the sweep to start")
+        remaining = wait_until(lambda: [n for n in [len(leader.get("/v1/jobs?limit=1000")[1]["jobs"])] if n < JOBS],
+                               30, "the sweep to start")[0]
         leader.kill9()
         assert remaining > 0, "the sweep was over before the kill"
         survivors = [n for n in cluster.nodes if n is not leader]

@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from schedulerd.client import Client
-from storage import ops
+from schedulerd.sdk.client import Client
+from schedulerd.storage import ops
 from tests.integration.harness import ROOT, Cluster, NodeProc, recording_worker, running, wait_until
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from schedulerd.client import Client
 from schedulerd.errors import Forbidden, NotFound, Unauthorized
-from schedulerd.worker import Task, Worker
+from schedulerd.sdk.client import Client
+from schedulerd.sdk.worker import Task, Worker
 from tests.integration.harness import NodeProc, free_ports, http, running, wait_until
 
 pytestmark = pytest.mark.integration
@@ -80,10 +80,10 @@ def test_scopes_decide_what_each_token_may_call(make_cluster, tmp_path: pathlib.
     with pytest.raises(Unauthorized):
         Client(url).get_job("j")
     env = {**os.environ, "SCHEDCTL_TOKEN": read}
-    out = subprocess.run([sys.executable, "-m", "cli.main", "--server", url, "get", "j"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "schedulerd.cli.main", "--server", url, "get", "j"], capture_output=True,
                          text=True, env=env)
     assert out.returncode == 0 and "job_id:" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "cli.main", "--server", url, "--token", read, "cancel", "j"],
+    out = subprocess.run([sys.executable, "-m", "schedulerd.cli.main", "--server", url, "--token", read, "cancel", "j"],
                          capture_output=True, text=True)
     assert out.returncode == 1 and out.stderr.startswith("error: forbidden: ")
 
@@ -92,7 +92,7 @@ def test_scopes_decide_what_each_token_may_call(make_cluster, tmp_path: pathlib.
     status, body = http("GET", f"{url}/v1/audit", token=admin)
     assert status == 200
     assert [(r["who"], r["what"], r["outcome"]) for r in body["records"]][:1] == [("deployer", "create job j", "ok")]
-    out = subprocess.run([sys.executable, "-m", "cli.main", "--server", url, "--token", admin, "audit"],
+    out = subprocess.run([sys.executable, "-m", "schedulerd.cli.main", "--server", url, "--token", admin, "audit"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "deployer" in out.stdout and "create job j" in out.stdout
 

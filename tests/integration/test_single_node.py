@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 import urllib.parse
@@ -11,8 +12,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schedulerd.client import Client
-from schedulerd.worker import Task, Worker
+from schedulerd.sdk.client import Client
+from schedulerd.sdk.worker import Task, Worker
 from tests.integration.harness import http, wait_until
 
 pytestmark = pytest.mark.integration
@@ -212,3 +213,21 @@ def test_a_batch_create_with_prefer_return_minimal_answers_outcomes_without_view
         {"job_id": "m-2", "ok": True}]
     (full,) = client.create_jobs([{"job_id": "m-3", "schedule": {"at": later}}])
     assert full["ok"] and full["job"]["job_id"] == "m-3" and full["job"]["state"] == "scheduled"
+
+
+def test_a_stopping_node_answers_its_waiting_polls_and_exits_promptly(make_cluster) -> None:
+    """SIGTERM with a worker's long-poll waiting: the poll is answered (empty) and the node
+    exits at once, instead of the HTTP server waiting out the poll's wait_s."""
+    node = make_cluster(1).nodes[0]
+    answers: list[tuple[int, dict]] = []
+    poll = threading.Thread(target=lambda: answers.append(
+        node.post("/v1/tasks/poll", {"worker_id": "w", "queues": ["idle"], "wait_s": 30})))
+    poll.start()
+    wait_until(lambda: node.get("/v1/cluster")[1]["poll_waiters"] == 1, 10, "the poll to wait")
+    stopping = time.monotonic()
+    node.proc.send_signal(signal.SIGTERM)
+    node.proc.wait(10)
+    assert time.monotonic() - stopping < 5, "the node waited for the poll"
+    assert node.proc.returncode == 0
+    poll.join(10)
+    assert [(status, body["tasks"]) for status, body in answers] == [(200, [])]

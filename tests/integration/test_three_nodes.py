@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schedulerd.client import Client
 from schedulerd.errors import SchedulerError
+from schedulerd.sdk.client import Client
 from tests.integration.harness import lmdb_digest, recording_worker, wait_until
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from schedulerd.client import Client
 from schedulerd.errors import Unavailable
-from schedulerd.worker import Worker
+from schedulerd.sdk.client import Client
+from schedulerd.sdk.worker import Worker
 from tests.integration.harness import running, wait_until
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ def test_https_is_verified_against_the_given_ca(make_cluster, tmp_path: pathlib.
     assert client.create_job({"job_id": "tls", "schedule": {"at": now}, "queue": "q"})["job_id"] == "tls"
     with pytest.raises(Unavailable, match="CERTIFICATE_VERIFY_FAILED"):
         Client(url, timeout_s=2).get_job("tls")  # the system CAs do not know this one
-    out = subprocess.run([sys.executable, "-m", "cli.main", "--server", url, "--ca-file", str(ca), "get", "tls"],
+    out = subprocess.run([sys.executable, "-m", "schedulerd.cli.main", "--server", url, "--ca-file", str(ca), "get", "tls"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "job_id:" in out.stdout
 

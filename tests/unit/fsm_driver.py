@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from schedulerd.jobspec import JOB_DEFAULTS
-from storage import codec, fsm, ops, queries
-from storage.db import DB_NAMES, Store
-from storage.ops import Op
+from schedulerd.raft.store import Store
+from schedulerd.storage import codec, fsm, ops, queries, records
+from schedulerd.storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage.ops import Op
+from schedulerd.storage.tables import DB_NAMES
 
 S = 1_000_000
 T0 = 1_800_000_000 * S  # a fixed "now" in 2027
@@ -32,17 +33,17 @@ class Driver:
         return result
 
     def create(self, job_id: str, schedule: dict[str, Any], now: int = T0, **fields: Any) -> dict[str, Any]:
-        spec = dict(JOB_DEFAULTS, job_id=job_id, schedule=schedule, schedule_spec={}, queue="q", payload_json="{}")
+        spec = dict(SPEC_DEFAULTS, job_id=job_id, schedule=schedule, schedule_spec={}, queue="q", payload_json="{}")
         spec.update(fields)
         return self.apply(Op.CREATE_JOBS, now=now, jobs=[spec])["results"][0]
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         with self.store.read() as txn:
-            return queries.get_job(txn, self.store.tables, job_id)
+            return records.get_job(records.Reader(txn, self.store.tables), job_id)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         with self.store.read() as txn:
-            return queries.get_run(txn, self.store.tables, run_id)
+            return records.get_run(records.Reader(txn, self.store.tables), run_id)
 
     def runs(self, job_id: str) -> list[dict[str, Any]]:
         with self.store.read() as txn:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import ops
-from storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage import ops
+from schedulerd.storage.jobs import SPEC_DEFAULTS
 
 S = 1_000_000
 CATCHUP_SPACING_US = 100_000  # missed runs of one job are released this far apart (test_semantics)

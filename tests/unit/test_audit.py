@@ -5,8 +5,8 @@ import pathlib
 
 import pytest
 
-from storage import audit, queries
-from storage.ops import Op
+from schedulerd.storage import audit, queries
+from schedulerd.storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
 
 EVERY = {"kind": "every", "every_us": 60 * S}
@@ -33,8 +33,8 @@ def test_commands_with_a_note_are_recorded_with_their_outcome(tmp_path: pathlib.
 def test_a_batch_create_is_one_record_with_the_count(tmp_path: pathlib.Path) -> None:
     d = Driver(str(tmp_path))
     d.create("dup", EVERY)
-    from schedulerd.jobspec import JOB_DEFAULTS
-    specs = [dict(JOB_DEFAULTS, job_id=j, schedule=EVERY, schedule_spec={}, queue="q", payload_json="{}")
+    from schedulerd.storage.jobs import SPEC_DEFAULTS
+    specs = [dict(SPEC_DEFAULTS, job_id=j, schedule=EVERY, schedule_spec={}, queue="q", payload_json="{}")
              for j in ("x", "dup", "y")]
     specs[0]["audit"] = {"who": "ci", "what": "create 3 jobs", "count": 3}
     d.apply(Op.CREATE_JOBS, now=T0, jobs=specs)

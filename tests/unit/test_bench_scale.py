@@ -1,4 +1,4 @@
-"""bench scale --side-by-side and bench.scale_cost: the order their two systems take turns in,
+"""bench scale --side-by-side and bench.micro.scale_cost: the order their two systems take turns in,
 and how a system's windows combine."""
 from __future__ import annotations
 

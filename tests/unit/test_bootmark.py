@@ -8,8 +8,9 @@ import pathlib
 
 import pytest
 
-from storage import bootmark
-from storage.db import Store, last_applied, set_last_applied
+from schedulerd.raft import bootmark
+from schedulerd.raft.store import Store
+from schedulerd.storage.tables import last_applied, set_last_applied
 
 
 def applied_store(path: pathlib.Path, index: int) -> Store:

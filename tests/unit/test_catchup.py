@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import catchup, cron
+from schedulerd.storage import catchup, cron
 
 MIN = 60 * 1_000_000
 

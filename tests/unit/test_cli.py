@@ -16,10 +16,10 @@ from typing import Iterator
 import pytest
 from click.testing import CliRunner, Result
 
-from cli.main import format_table, schedctl
-from cli import worker_cmd
-from cli.worker_cmd import STDERR_TAIL_BYTES, STDOUT_TAIL_BYTES, CommandFailed, run_command
-from schedulerd.worker import Task
+from schedulerd.cli import worker_cmd
+from schedulerd.cli.main import format_table, schedctl
+from schedulerd.cli.worker_cmd import STDERR_TAIL_BYTES, STDOUT_TAIL_BYTES, CommandFailed, run_command
+from schedulerd.sdk.worker import Task
 from tests.integration.harness import wait_until
 from tests.unit.fakeserver import FakeCluster, FakeServer, closed_port_url, fake_cluster
 
@@ -586,7 +586,7 @@ def test_worker_usage_errors_are_one_line_and_exit_2(one, args, expected):
 def start_worker(server: FakeServer, *args: str) -> subprocess.Popen:
     """`schedctl worker` as a real process (it installs signal handlers, as in use)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "cli.main", "--server", server.url, "worker",
+    return subprocess.Popen([sys.executable, "-m", "schedulerd.cli.main", "--server", server.url, "worker",
                              *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

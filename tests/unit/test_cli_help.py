@@ -6,7 +6,7 @@ from typing import Iterator
 import click
 from click.testing import CliRunner
 
-from cli.main import schedctl
+from schedulerd.cli.main import schedctl
 
 
 def verbs(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

@@ -1,4 +1,4 @@
-"""schedulerd.client against the in-memory fake cluster (tests/unit/fakeserver.py).
+"""schedulerd.sdk.client against the in-memory fake cluster (tests/unit/fakeserver.py).
 
 A test that needs an answer inside a deadline gives it seconds, not tenths. The fake
 server's threads share a loaded 2-core box with the rest of the suite. With deadlines of
@@ -10,8 +10,8 @@ from typing import Iterator
 
 import pytest
 
-from schedulerd import client as client_module
-from schedulerd.client import Client
+from schedulerd.sdk import client as client_module
+from schedulerd.sdk.client import Client
 from schedulerd.errors import (
     Conflict,
     LimitExceeded,

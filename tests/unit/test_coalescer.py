@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 
 from schedulerd.coalescer import Coalescer
-from storage.ops import Op
+from schedulerd.storage.ops import Op
 
 GROUP = SimpleNamespace(group_id=0)
 
@@ -80,9 +80,9 @@ def test_extra_fields_are_computed_per_entry() -> None:
 
 def test_acks_with_large_results_share_entries_by_weight() -> None:
     """An entry of coalesced acks stays under ack_entry_weight_max * ack_weight_bytes of results."""
-    from raft.conf import RaftConfig
+    from schedulerd.raft.conf import RaftConfig
     from schedulerd.config import NodeConfig
-    from schedulerd.routes_tasks import TaskCommits
+    from schedulerd.api.tasks import TaskCommits
 
     raft = FakeRaft()
     config = NodeConfig(raft=RaftConfig(self_addr="127.0.0.1:1", data_dir="/nonexistent"))
@@ -105,9 +105,9 @@ def test_several_workers_full_ack_batches_share_one_entry() -> None:
     """A node with one ack entry in flight commits every worker's batch in it, not one
     batch per commit: with room for one request per entry, a node's ack rate was its
     commit rate times ack_batch_max."""
-    from raft.conf import RaftConfig
+    from schedulerd.raft.conf import RaftConfig
     from schedulerd.config import NodeConfig
-    from schedulerd.routes_tasks import TaskCommits
+    from schedulerd.api.tasks import TaskCommits
 
     raft = FakeRaft()
     config = NodeConfig(raft=RaftConfig(self_addr="127.0.0.1:1", data_dir="/nonexistent"))

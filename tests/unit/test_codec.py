@@ -7,10 +7,10 @@ import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schedulerd.jobspec import JOB_DEFAULTS
-from storage import codec, ops
-from storage.model import RunState
-from storage.ops import Op
+from schedulerd.storage import codec, ops
+from schedulerd.storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage.model import RunState
+from schedulerd.storage.ops import Op
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=False),
                     st.text(max_size=40), st.binary(max_size=40))
@@ -30,7 +30,7 @@ def test_reads_what_msgpack_python_wrote(value: object) -> None:
 
 
 def test_a_create_entry_and_a_run_record_round_trip_as_before() -> None:
-    spec = dict(JOB_DEFAULTS, job_id="nightly", schedule={"kind": "cron", "expr": "0 2 * * *", "tz": "UTC"},
+    spec = dict(SPEC_DEFAULTS, job_id="nightly", schedule={"kind": "cron", "expr": "0 2 * * *", "tz": "UTC"},
                 schedule_spec={"cron": "0 2 * * *"}, queue="backups", payload_json='{"db": "main"}')
     entry = ops.encode(Op.CREATE_JOBS, {"now": 1_800_000_000_000_000, "jobs": [spec]})
     assert entry == msgpack.packb([int(Op.CREATE_JOBS), ops.VERSION, {"now": 1_800_000_000_000_000, "jobs": [spec]}],

@@ -20,8 +20,8 @@ import pytest
 from croniter import croniter
 from hypothesis import given, settings, strategies as st
 
+from schedulerd.storage import cron
 from schedulerd.timefmt import from_iso, to_iso
-from storage import cron
 
 US = 1_000_000
 NY, BERLIN = "America/New_York", "Europe/Berlin"

@@ -11,9 +11,9 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from schedulerd.destinations import DEFAULT_DENY, DestinationPolicy, DestinationRefused, address_of
 from schedulerd.errors import InvalidJob
-from schedulerd.http_executor import HttpExecutor, PolicyResolver, TargetFailed
+from schedulerd.sdk.http_executor import HttpExecutor, PolicyResolver, TargetFailed
+from schedulerd.sdk.worker import Task
 from schedulerd.targets import check_destination
-from schedulerd.worker import Task
 
 DEFAULT = DestinationPolicy()
 

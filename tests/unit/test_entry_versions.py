@@ -11,11 +11,11 @@ import pytest
 from pysyncobj import FAIL_REASON
 from pysyncobj.fast_queue import FastQueue
 
-from raft import riders
-from raft.entry_versions import READS, WRITES, EntryVersions
-from raft.group import _REGULAR, _vet_as_leader_appends
-from storage import ops
-from storage.ops import Op
+from schedulerd.raft import riders
+from schedulerd.raft.entry_versions import READS, WRITES, EntryVersions
+from schedulerd.raft.pysyncobj_patches import _REGULAR, vet_as_leader_appends
+from schedulerd.storage import ops
+from schedulerd.storage.ops import Op
 from tests.unit.faketransport import Peer, Transport
 
 NEWEST, FLOOR = 8, 6
@@ -111,7 +111,7 @@ def test_answers_and_appends_carry_the_figures() -> None:
 
 
 class Leader:
-    """What _vet_as_leader_appends touches of a SyncObj: its command queue, its error
+    """What vet_as_leader_appends touches of a SyncObj: its command queue, its error
     callback and whether it leads."""
 
     def __init__(self, leading: bool = True) -> None:
@@ -140,7 +140,7 @@ def entry(version: int) -> bytes:
 
 def test_the_leader_refuses_an_entry_newer_than_the_cluster_writes_and_appends_the_rest() -> None:
     leader = Leader()
-    _vet_as_leader_appends(leader.replica, None, lambda: 0, lambda: 7)
+    vet_as_leader_appends(leader.replica, None, lambda: 0, lambda: 7)
     leader.propose(entry(8), "from-a-stale-follower")
     leader.propose(entry(7), "ok-1")
     leader.propose(entry(6), "ok-2")
@@ -150,14 +150,14 @@ def test_the_leader_refuses_an_entry_newer_than_the_cluster_writes_and_appends_t
 
 def test_a_follower_forwards_whatever_version_it_is_given() -> None:
     follower = Leader(leading=False)
-    _vet_as_leader_appends(follower.replica, None, lambda: 0, lambda: 6)
+    vet_as_leader_appends(follower.replica, None, lambda: 0, lambda: 6)
     follower.propose(entry(8), "cb")
     assert follower.appended() == [(entry(8), "cb")] and follower.refused == []
 
 
 def test_a_refused_entry_as_the_last_in_the_queue_leaves_it_empty() -> None:
     leader = Leader()
-    _vet_as_leader_appends(leader.replica, None, lambda: 0, lambda: 6)
+    vet_as_leader_appends(leader.replica, None, lambda: 0, lambda: 6)
     leader.propose(entry(7), "cb")
     with pytest.raises(queue.Empty):
         leader.queue.get_nowait()

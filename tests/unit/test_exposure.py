@@ -10,8 +10,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from schedulerd import api, exposure
-from schedulerd.exposure import ExposurePolicy
+from schedulerd.api import app as api
+from schedulerd.api import exposure
+from schedulerd.api.exposure import ExposurePolicy
 
 LOOPBACK = ExposurePolicy.build("127.0.0.1", (), ())
 

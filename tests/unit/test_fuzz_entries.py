@@ -9,10 +9,10 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schedulerd.jobspec import JOB_DEFAULTS
-from storage import fsm, ops
-from storage.db import DB_NAMES
-from storage.ops import Op
+from schedulerd.storage import fsm, ops
+from schedulerd.storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage.ops import Op
+from schedulerd.storage.tables import DB_NAMES
 from tests.unit.fsm_driver import S, T0, Driver
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=False),
@@ -34,7 +34,7 @@ ENTRIES = st.one_of(
 
 def seeded(path: str) -> Driver:
     d = Driver(path)
-    spec = dict(JOB_DEFAULTS, job_id="a", schedule={"kind": "every", "every_us": 60 * S}, schedule_spec={},
+    spec = dict(SPEC_DEFAULTS, job_id="a", schedule={"kind": "every", "every_us": 60 * S}, schedule_spec={},
                 queue="q", payload_json="{}")
     d.apply(Op.CREATE_JOBS, now=T0, jobs=[spec])
     (run_id,) = d.apply(Op.CLAIM_BATCH, now=T0 + 60 * S, claims=[["a", T0 + 60 * S]])["runs"]

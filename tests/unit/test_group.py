@@ -15,18 +15,28 @@ import pysyncobj.pickle
 import pytest
 from pysyncobj.serializer import Serializer
 
-from raft import journal as journal_mod
-from raft import compaction
-from raft import snapshot as snapshot_mod
-from raft.conf import RaftConfig
-from raft.group import PICKLE_PROTOCOL, Group, ProposalFailed
-from storage import bootmark, ops, queries
-from storage.ops import Op
+from schedulerd.raft import journal as journal_mod
+from schedulerd.raft import compaction
+from schedulerd.raft import snapshot as snapshot_mod
+from schedulerd.raft import bootmark
+from schedulerd.raft import group as group_mod
+from schedulerd.raft import pysyncobj_patches
+from schedulerd.raft.conf import RaftConfig
+from schedulerd.raft.group import Group, ProposalFailed
+from schedulerd.raft.pysyncobj_patches import PICKLE_PROTOCOL
+from schedulerd.storage import ops, queries
+from schedulerd.storage.ops import Op
 from tests.integration.harness import free_ports, wait_until
 from tests.unit.fsm_driver import S, T0
 
 FAST = dict(election_timeout_s_min=0.3, election_timeout_s_max=0.6, leader_fallback_s=1.0,
-            append_entries_period_s=0.05, snapshot_stagger_s=0.2)
+            append_entries_period_s=0.05)
+
+
+@pytest.fixture(autouse=True)
+def short_snapshot_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Snapshot slots of 0.2 s instead of 10, so a test's copies come in time."""
+    monkeypatch.setattr(group_mod, "SNAPSHOT_STAGGER_S", 0.2)
 
 
 def create_blob(job_id: str) -> bytes:
@@ -305,16 +315,16 @@ def test_a_cut_off_leader_with_uncommitted_entries_catches_up_after_heal(tmp_pat
     must replace its stale suffix and converge instead of livelocking. The new
     leader has compacted meanwhile (its first snapshot, after 1 MiB of journal),
     so the former one is sent a snapshot: it must not commit its stale entries on
-    the snapshot's messages (group._commit_only_what_matched)."""
+    the snapshot's messages (pysyncobj_patches.commit_only_what_matched)."""
     ports = free_ports(3)
     addrs = [f"127.0.0.1:{p}" for p in ports]
     cut: set[tuple[str, str]] = set()
 
     def start(i: int) -> Group:
         cfg = RaftConfig(self_addr=addrs[i], peers=tuple(a for j, a in enumerate(addrs) if j != i),
-                         data_dir=str(tmp_path / f"n{i}"), compaction_first_journal_bytes=1 << 20, **FAST)
+                         data_dir=str(tmp_path / f"n{i}"), **FAST)
         group = Group(0, cfg, on_fatal=pytest.fail)
-        transport = group.replica._SyncObj__transport
+        transport = pysyncobj_patches.transport(group.replica)
         send = transport.send
 
         def partitioned_send(node: Any, message: Any) -> Any:
@@ -355,7 +365,7 @@ def test_each_replica_copies_its_snapshot_in_its_own_slot_followers_first(tmp_pa
         wait_until(lambda: all(g.status()["leader"] is not None for g in groups), 15, "a leader everyone knows")
         leader = next(g for g in groups if g.is_leader())
         followers = sorted((g for g in groups if g is not leader), key=lambda g: g.self_addr)
-        stagger = leader.conf.snapshot_stagger_s
+        stagger = group_mod.SNAPSHOT_STAGGER_S
         period_start = 1_000 * 3 * stagger
         assert [g._snapshot_delay_s(period_start) for g in (*followers, leader)] == \
             pytest.approx([0.0, stagger, 2 * stagger])

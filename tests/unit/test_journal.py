@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
-from raft import journal as journal_mod
-from raft.journal import MAGIC, DurableJournal, JournalError, install, journal_for, make_durable
+from schedulerd.raft import journal as journal_mod
+from schedulerd.raft.journal import MAGIC, DurableJournal, JournalError, install, journal_for
+from schedulerd.raft.pysyncobj_patches import make_durable
+from tests.waiting import wait_until
 
 DEADLINE_S = 8.0
 
@@ -31,12 +32,6 @@ def reopen(journal: DurableJournal) -> DurableJournal:
     journal._destroy()
     return DurableJournal(journal.path)
 
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 # -- file format and recovery ------------------------------------------------
@@ -196,7 +191,7 @@ def test_compaction_rewrites_no_entry_and_deletes_what_it_dropped(tmp_path: Path
     journal.add(b"after", 31, 1)
     journal.deleteEntriesTo(20)  # entries 11..30 were in "j": it holds nothing kept now
     assert journal[:] == [(b"after", 31, 1)]
-    wait_until(lambda: segment_files(tmp_path) == ["j.1", "j.2"], "the dropped segment's removal")
+    wait_until(lambda: segment_files(tmp_path) == ["j.1", "j.2"], DEADLINE_S, "the dropped segment's removal")
     journal.add(b"later", 32, 1)
     assert reopen(journal)[:] == [(b"after", 31, 1), (b"later", 32, 1)]
 
@@ -235,7 +230,7 @@ def test_segments_end_at_their_size_and_only_the_active_one_is_open(tmp_path: Pa
     assert len(segment_files(tmp_path)) == 10
     assert len(os.listdir("/proc/self/fd")) == open_before + 1
     journal.deleteEntriesTo(20)  # entries 1..20 filled segments 0..4
-    wait_until(lambda: len(segment_files(tmp_path)) == 10 - 5 + 1, "the dropped segments' removal")
+    wait_until(lambda: len(segment_files(tmp_path)) == 10 - 5 + 1, DEADLINE_S, "the dropped segments' removal")
     journal._destroy()
     assert DurableJournal(str(tmp_path / "j"), segment_bytes=100)[:] == added[20:]
 
@@ -481,7 +476,7 @@ def test_single_node_uses_durable_journal_across_restart(tmp_path: Path) -> None
     try:
         journal = journal_for(str(tmp_path / "journal"))
         make_durable(node, journal)
-        wait_until(lambda: node._getLeader() is not None, "a leader")
+        wait_until(lambda: node._getLeader() is not None, DEADLINE_S, "a leader")
         assert [node.append(i, sync=True, timeout=5) for i in range(3)] == [1, 2, 3]
         assert journal.stats.count >= 2  # one at open, then the tick callback
         assert node.undurable_applies == []
@@ -493,7 +488,7 @@ def test_single_node_uses_durable_journal_across_restart(tmp_path: Path) -> None
     node = Log(tmp_path, port, [])
     try:
         assert journal_for(str(tmp_path / "journal"))[:] == written
-        wait_until(lambda: node.values == [0, 1, 2], "the journal to be replayed")
+        wait_until(lambda: node.values == [0, 1, 2], DEADLINE_S, "the journal to be replayed")
     finally:
         node.destroy_synchronous()
 
@@ -510,14 +505,14 @@ def test_three_nodes_replicate_and_sync(tmp_path: Path) -> None:
             nodes.append(node)
             record_undurable_acks(node, journal_for(str(directory / "journal")))
             make_durable(node, journal_for(str(directory / "journal")))
-        wait_until(lambda: any(n._isLeader() for n in nodes), "a leader")
+        wait_until(lambda: any(n._isLeader() for n in nodes), DEADLINE_S, "a leader")
         leader = next(n for n in nodes if n._isLeader())
         results: list[tuple[Any, int]] = []
         for i in range(50):
             leader.append(i, callback=lambda result, error: results.append((result, error)))
-        wait_until(lambda: len(results) == 50, "50 callbacks")
+        wait_until(lambda: len(results) == 50, DEADLINE_S, "50 callbacks")
         assert all(error == 0 for _, error in results), results
-        wait_until(lambda: all(n.values == list(range(50)) for n in nodes), "all nodes to apply 50")
+        wait_until(lambda: all(n.values == list(range(50)) for n in nodes), DEADLINE_S, "all nodes to apply 50")
         for port, node in zip(ports, nodes):
             assert journal_for(str(tmp_path / str(port) / "journal")).stats.count >= 2
             assert node.undurable_applies == [] and node.undurable_acks == []

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from schedulerd.jobspec import parse_job
 from schedulerd.limits import Limits
+from schedulerd.storage import claims, codec, ops, queries
+from schedulerd.storage.codec import Layouts
+from schedulerd.storage.layouts import JOBS, RUNS
+from schedulerd.storage.ops import Op
 from schedulerd.timefmt import to_iso
-from storage import claims, codec, ops, queries
-from storage.codec import Layouts
-from storage.layouts import JOBS, RUNS
-from storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
 
 ARRAY16 = 0xDC

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from raft import riders
-from raft.clocks import CLOCK, CLUSTER_CLOCK, PeerClocks
 from schedulerd import lease_time
-from storage import ops
-from storage.ops import Op
+from schedulerd.raft import riders
+from schedulerd.raft.clocks import CLOCK, CLUSTER_CLOCK, PeerClocks
+from schedulerd.storage import ops
+from schedulerd.storage.ops import Op
 from tests.unit.faketransport import Peer, Transport
 
 S = 1_000_000

@@ -26,7 +26,7 @@ def test_json_lines_carry_level_logger_event_fields_and_the_whole_message() -> N
 
 def test_per_run_events_are_debug_only_with_their_ids(caplog) -> None:
     from schedulerd.node import log_applied
-    from storage.ops import Op
+    from schedulerd.storage.ops import Op
 
     lease = {"grants": [["w1", [{"run_id": "0-7-0", "job_id": "backup", "fence": 9}]]], "skipped": 0, "now": 1}
     with caplog.at_level(logging.DEBUG, logger="schedulerd.node"):

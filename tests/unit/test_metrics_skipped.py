@@ -6,7 +6,7 @@ import pathlib
 from types import SimpleNamespace
 
 from schedulerd.metrics import Metrics
-from storage.ops import Op
+from schedulerd.storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
 
 

@@ -30,14 +30,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
-from schedulerd.jobspec import JOB_DEFAULTS
-from storage import keys, ops, queries, records, retention
-from storage.db import DB_NAMES, LAST_APPLIED
-from storage.jobs import SPEC_DEFAULTS
-from storage.layouts import JOBS, RUNS
-from storage.model import JOB_TRANSITIONS, RUN_TRANSITIONS
-from storage.ops import Op
-from storage.codec import unpack
+from schedulerd.storage import keys, ops, queries, records, retention
+from schedulerd.storage.codec import unpack
+from schedulerd.storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage.layouts import JOBS, RUNS
+from schedulerd.storage.model import JOB_TRANSITIONS, RUN_TRANSITIONS
+from schedulerd.storage.ops import Op
+from schedulerd.storage.tables import DB_NAMES, LAST_APPLIED
 from tests.unit.fsm_driver import S, T0, Driver
 from tests.unit.model import PENDING, TERMINAL, Model, next_at_or_after
 
@@ -353,14 +352,14 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _spec(self, job_id: str, schedule: tuple[str, int], opts: Rec) -> tuple[Rec, set[str]]:
         """The whole spec, and the names of the fields a request gave."""
-        return (dict(JOB_DEFAULTS, job_id=job_id, schedule=resolve(schedule, self.now), schedule_spec={}, queue="q",
+        return (dict(SPEC_DEFAULTS, job_id=job_id, schedule=resolve(schedule, self.now), schedule_spec={}, queue="q",
                      payload_json="{}", **opts), {"queue", "payload_json", *opts})
 
     def _create(self, specs: list[tuple[Rec, set[str]]], window: tuple[int, int], version: int) -> None:
         """As the API proposes it: the entry claims what is due within the node's lookahead."""
         lookahead, grace = window
         if version >= ops.SPEC_DEFAULTS_SINCE:  # as the API sends them: only the fields given
-            specs = [{k: v for k, v in spec.items() if k not in JOB_DEFAULTS or k in given} for spec, given in specs]
+            specs = [{k: v for k, v in spec.items() if k not in SPEC_DEFAULTS or k in given} for spec, given in specs]
         else:
             specs = [spec for spec, _ in specs]
         if version < ops.RETENTION_SINCE:

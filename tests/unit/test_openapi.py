@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from schedulerd import api, openapi, routes_preview
+from schedulerd.api import app as api
+from schedulerd.api import openapi, preview
 from schedulerd.errors import InvalidJob
 from schedulerd.jobspec import CREATE_FIELDS, OPTION_FIELDS, RANGES, parse_options
 from schedulerd.limits import Limits
-from schedulerd.openapi_schemas import job_create, job_patch
+from schedulerd.api.openapi_schemas import job_create, job_patch
 
 
 def stub_node() -> SimpleNamespace:
@@ -42,7 +43,7 @@ def test_job_schemas_are_built_from_jobspec_fields() -> None:
 
 def test_preview_parameters_are_the_ones_the_handler_accepts() -> None:
     params = openapi.operations(Limits())["/v1/preview"]["get"]["parameters"]
-    assert {p["name"] for p in params} == routes_preview.QUERY_PARAMS
+    assert {p["name"] for p in params} == preview.QUERY_PARAMS
 
 
 def test_path_parameters_match_the_placeholders() -> None:

@@ -1,4 +1,4 @@
-"""GET /v1/preview (schedulerd/routes_preview.py) on aiohttp's test server, with a
+"""GET /v1/preview (schedulerd/api/preview.py) on aiohttp's test server, with a
 stub node: a fixed clock and the default limits, no Raft."""
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from schedulerd import api, routes_preview
+from schedulerd.api import app as api
+from schedulerd.api import preview
+from schedulerd.api.keys import NODE
 from schedulerd.limits import Limits
 from schedulerd.timefmt import from_iso
 
@@ -38,7 +40,8 @@ def get(query: dict[str, Any] | str, now: str = NOW) -> tuple[int, Any]:
 
     async def go() -> tuple[int, Any]:
         app = web.Application(middlewares=[api.errors_middleware])
-        app.add_routes(routes_preview.routes(stub_node(now)))
+        app[NODE] = stub_node(now)  # type: ignore[assignment]
+        app.router.add_get("/v1/preview", preview.preview)
         async with TestClient(TestServer(app)) as client:
             path = f"/v1/preview?{query}" if isinstance(query, str) else "/v1/preview"
             params = None if isinstance(query, str) else query

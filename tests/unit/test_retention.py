@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from schedulerd.jobspec import JOB_DEFAULTS
-from storage import ops, queries, records, retention
-from storage.model import JobState, RunState
-from storage.ops import Op
+from schedulerd.storage import ops, queries, records, retention
+from schedulerd.storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage.model import JobState, RunState
+from schedulerd.storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
 
 AT = {"kind": "at", "at_us": T0 + 10 * S}
@@ -140,7 +140,7 @@ def test_discarding_a_dead_letter_at_the_head_of_a_history_keeps_pruning_exact(d
 
 
 def test_a_cancel_withdraws_what_was_claimed_ahead_instead_of_recording_it(d: Driver) -> None:
-    spec = dict(JOB_DEFAULTS, job_id="a", schedule=AT, schedule_spec={}, queue="q", payload_json="{}")
+    spec = dict(SPEC_DEFAULTS, job_id="a", schedule=AT, schedule_spec={}, queue="q", payload_json="{}")
     made = d.apply(Op.CREATE_JOBS, now=T0, jobs=[spec], claim_ahead_us=12 * S, grace_us=5 * S)
     assert made["runs"], "claimed ahead by the create"
     assert d.apply(Op.CANCEL_JOB, now=T0 + 1 * S, job_id="a") == {"ok": True, "cancelled_runs": 0}

@@ -7,11 +7,11 @@ import pathlib
 import msgpack
 import pytest
 
+from schedulerd.storage import keys
+from schedulerd.storage.layouts import RUNS
+from schedulerd.storage.model import JobState, RunState
+from schedulerd.storage.ops import Op
 from schedulerd.timefmt import from_iso
-from storage import keys
-from storage.layouts import RUNS
-from storage.model import JobState, RunState
-from storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
 
 EVERY5 = {"kind": "every", "every_us": 5 * S, "anchor_us": T0}
@@ -186,7 +186,7 @@ def test_timeout_caps_an_attempt_even_with_heartbeats(d: Driver) -> None:
 
 
 def test_dead_letter_is_listed_and_can_be_redriven(d: Driver) -> None:
-    from storage import queries
+    from schedulerd.storage import queries
     d.create("a", {"kind": "at", "at_us": T0}, max_attempts=1)
     d.claim_due(T0)
     (task,) = d.lease(T0)

@@ -12,9 +12,9 @@ from typing import Any
 import lmdb
 import pytest
 
-from raft import snapshot
-from schedulerd.jobspec import JOB_DEFAULTS
-from storage.ops import Op
+from schedulerd.raft import snapshot
+from schedulerd.storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
 
 ENTRIES = ((b"\x01", 5, 2), (b"\x01", 4, 2), None)
@@ -22,7 +22,7 @@ ENTRIES = ((b"\x01", 5, 2), (b"\x01", 4, 2), None)
 
 def source_snapshot(tmp_path: pathlib.Path) -> pathlib.Path:
     d = Driver(str(tmp_path / "src"))
-    specs = [dict(JOB_DEFAULTS, job_id=f"j{i}", schedule={"kind": "every", "every_us": 60 * S}, schedule_spec={},
+    specs = [dict(SPEC_DEFAULTS, job_id=f"j{i}", schedule={"kind": "every", "every_us": 60 * S}, schedule_spec={},
                   queue="q", payload_json="{}") for i in range(200)]
     d.apply(Op.CREATE_JOBS, now=T0, jobs=specs)
     path = tmp_path / "group-0.snapshot"
@@ -57,7 +57,7 @@ def test_a_truncated_or_damaged_snapshot_is_refused_and_changes_nothing(tmp_path
 def filled_store(tmp_path: pathlib.Path) -> Driver:
     """About 4 MB of store: several blocks of copy."""
     d = Driver(str(tmp_path / "src"))
-    specs = [dict(JOB_DEFAULTS, job_id=f"j{i}", schedule={"kind": "every", "every_us": 60 * S}, schedule_spec={},
+    specs = [dict(SPEC_DEFAULTS, job_id=f"j{i}", schedule={"kind": "every", "every_us": 60 * S}, schedule_spec={},
                   queue="q", payload_json='"' + "x" * 2000 + '"') for i in range(2000)]
     for i in range(0, 2000, 100):
         d.apply(Op.CREATE_JOBS, now=T0, jobs=specs[i:i + 100])

@@ -1,4 +1,4 @@
-"""Snapshot transfer pacing and restarts (raft/snapshot_transfer.py) against
+"""Snapshot transfer pacing and restarts (raft/pysyncobj_patches.py) against
 pysyncobj's own Serializer; the whole transfer is tested in test_group.py."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from pysyncobj.serializer import Serializer
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from raft import snapshot_transfer
+from schedulerd.raft import pysyncobj_patches
 
 PIECE = 1024
 WINDOW = 2 * PIECE
@@ -57,7 +57,7 @@ def leader_with(tmp_path: pathlib.Path, conn: Any) -> tuple[Serializer, SimpleNa
     serializer = Serializer(str(snapshot), PIECE, False, None, None, None)
     replica = SimpleNamespace(_SyncObj__serializer=serializer,
                               _SyncObj__transport=SimpleNamespace(_connections={"follower": conn}))
-    snapshot_transfer.pace_sends(replica, WINDOW, wait_s=0.05)
+    pysyncobj_patches.pace_snapshot_sends(replica, WINDOW, wait_s=0.05)
     return serializer, replica
 
 
@@ -103,7 +103,7 @@ def test_a_forgotten_transfer_starts_again_from_the_first_piece(tmp_path, socket
     serializer, replica = leader_with(tmp_path, SocketConn(a))
     assert serializer.getTransmissionData("follower")[1] is True
     assert serializer.getTransmissionData("follower")[1] is False
-    snapshot_transfer.forget_transfers(replica)
+    pysyncobj_patches.forget_snapshot_transfers(replica)
     data, first, _ = serializer.getTransmissionData("follower")
     assert first is True and data == (bytes(range(256)) * 4)[:PIECE]
 
@@ -113,7 +113,7 @@ def test_the_follower_answers_every_piece_but_the_last(tmp_path) -> None:
     sent: list[tuple[str, dict[str, Any]]] = []
     replica = SimpleNamespace(_SyncObj__serializer=serializer, _getLeader=lambda: "leader",
                               _SyncObj__transport=SimpleNamespace(send=lambda node, msg: sent.append((node, msg))))
-    snapshot_transfer.answer_pieces(replica)
+    pysyncobj_patches.answer_snapshot_pieces(replica)
     assert serializer.setTransmissionData((b"a" * PIECE, True, False)) is False
     assert serializer.setTransmissionData((b"b" * PIECE, False, False)) is False
     assert serializer.setTransmissionData((b"", False, True)) is True

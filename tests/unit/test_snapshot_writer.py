@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from pysyncobj import SERIALIZER_STATE
 
-from raft import snapshot
-from raft.snapshot_writer import SnapshotWriter
-from schedulerd.jobspec import JOB_DEFAULTS
-from storage.ops import Op
+from schedulerd.raft import snapshot
+from schedulerd.raft.snapshot_writer import SnapshotWriter
+from schedulerd.storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage.ops import Op
 from tests.integration.harness import wait_until
 from tests.unit.fsm_driver import S, T0, Driver
 
@@ -28,7 +28,7 @@ FOURTH = ((b"\x01", 17, 2), (b"\x01", 16, 2), None)
 @pytest.fixture
 def setup(tmp_path: pathlib.Path):
     d = Driver(str(tmp_path / "lmdb"))
-    d.apply(Op.CREATE_JOBS, now=T0, jobs=[dict(JOB_DEFAULTS, job_id="j", schedule={"kind": "every", "every_us": S},
+    d.apply(Op.CREATE_JOBS, now=T0, jobs=[dict(SPEC_DEFAULTS, job_id="j", schedule={"kind": "every", "every_us": S},
                                                schedule_spec={}, queue="q", payload_json="{}")])
     final = tmp_path / "group-0.snapshot"
     yield d, SnapshotWriter(d.store, str(final)), final
@@ -191,7 +191,7 @@ def test_the_snapshot_size_is_read_at_most_once_a_second_once_there_is_one(setup
     """The compaction check asks at every tick; py-spy put a stat per tick at 0.4-1.2% of a busy tick thread."""
     _, writer, final = setup
     clock = [1000.0]
-    monkeypatch.setattr("raft.snapshot_writer.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("schedulerd.raft.snapshot_writer.time.monotonic", lambda: clock[0])
     assert writer.size_bytes() == 0
     final.write_bytes(b"x" * 10)
     assert writer.size_bytes() == 10, "no snapshot yet: every ask reads the file"

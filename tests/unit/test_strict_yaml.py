@@ -8,9 +8,9 @@ import click
 import pytest
 import yaml
 
-from cli.files import read_jobs
 from schedulerd import strict_yaml
 from schedulerd.auth import TokenFile, add_token
+from schedulerd.cli.files import read_jobs
 
 
 def test_a_key_twice_in_one_mapping_is_refused_with_its_line() -> None:

@@ -18,13 +18,14 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
 
 from schedulerd import timefmt
-from schedulerd.worker import ERROR_BYTES_MAX, Task, Worker
+from schedulerd.sdk.worker import ERROR_BYTES_MAX, Task, Worker
+from tests.waiting import wait_until
 
 LOG = "schedulerd.worker"
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,13 +45,6 @@ class Running:
     def __exit__(self, *exc: object) -> None:
         self.now -= 1
 
-
-def wait_until(pred: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def iso(dt: datetime) -> str:
@@ -475,7 +469,7 @@ def test_a_node_that_holds_its_heartbeats_does_not_hold_up_the_other_nodes_lease
     stalled.heartbeat_stall_s = 5.0
     since = len(cluster.events)
     wait_until(lambda: sum(n == healthy.url for k, n, _, s in cluster.events[since:] if k == "heartbeat_batch")
-               >= 5, timeout=4, what="the healthy node's heartbeats going on, every 0.5 s")
+               >= 5, timeout_s=4, what="the healthy node's heartbeats going on, every 0.5 s")
     done.set()
     wait_until(lambda: any(b["run_id"] == ours for b in cluster.bodies("ack")), what="its ack")
     stalled.heartbeat_stall_s = 0.0
@@ -734,7 +728,7 @@ def test_stale_fence_on_heartbeat_is_lease_lost_not_a_crash(net, caplog):
     fence = cluster.leased[first]["fence"]
     cluster.revoke(first)
     # Well before the handler returns: the heartbeat, not the ack, found the loss.
-    wait_until(lambda: worker.stats.lease_lost == 1, timeout=3, what="lease_lost")
+    wait_until(lambda: worker.stats.lease_lost == 1, timeout_s=3, what="lease_lost")
     assert f"lease_lost run_id={first} fence={fence}" in caplog.text
 
     release.set()
@@ -769,7 +763,7 @@ def test_on_lease_lost_hears_a_lease_revoked_while_its_handler_runs_and_nothing_
     wait_until(lambda: held in cluster.leased, what="delivery")
     fence = cluster.leased[held]["fence"]
     cluster.revoke(held)
-    wait_until(lambda: heard, timeout=3, what="the hook")
+    wait_until(lambda: heard, timeout_s=3, what="the hook")
     release.set()
     wait_until(lambda: cluster.bodies("ack", status=409), what="the rejected ack")
     assert heard == [(held, fence)] and done not in [run_id for run_id, _ in heard]
@@ -794,7 +788,7 @@ def test_a_lease_not_renewed_in_time_is_lost_while_its_handler_runs(net, caplog)
     worker.on_lease_lost(lambda task: (heard.append(task.run_id), release.set()))
     run_id = cluster.add("work")
     net.run(worker)
-    wait_until(lambda: heard, timeout=5, what="the hook")
+    wait_until(lambda: heard, timeout_s=5, what="the hook")
     assert heard == [run_id] and worker.stats.lease_lost == 1
     assert f"lease_lost run_id={run_id}" in caplog.text
     node.heartbeat_stall_s = 0.0
@@ -853,7 +847,7 @@ def test_stop_drains_running_handler_then_returns(net):
 
 WORKER_SCRIPT = """
 import sys, time
-from schedulerd.worker import Worker
+from schedulerd.sdk.worker import Worker
 worker = Worker([sys.argv[1]], wait_s=1.0)
 
 @worker.handler("work")

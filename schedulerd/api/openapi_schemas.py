@@ -14,7 +14,7 @@ from typing import Any
 from schedulerd import jobspec, namespaces, targets
 from schedulerd.limits import Limits
 from schedulerd.node import RUN_ID_RE
-from storage.model import JobState, MisfirePolicy, OverlapPolicy, RunState
+from schedulerd.storage.model import JobState, MisfirePolicy, OverlapPolicy, RunState
 
 Schema = dict[str, Any]
 

@@ -24,7 +24,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
 from schedulerd.destinations import DestinationPolicy, DestinationRefused
-from schedulerd.worker import Task
+from schedulerd.sdk.worker import Task
 
 DEFAULT_TIMEOUT_S = 30.0
 BODY_EXCERPT_BYTES = 512  # of the response, in the ack result or the nack error

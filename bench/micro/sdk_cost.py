@@ -1,9 +1,9 @@
-"""What the worker SDK costs per task, with no cluster: one `schedulerd.worker.Worker`
+"""What the worker SDK costs per task, with no cluster: one `schedulerd.sdk.worker.Worker`
 with a no-op async handler polls a stub server (a separate process) that hands
 out N tasks shaped like the daemon's, as fast as asked, and accepts every ack and
 heartbeat. The figure is the worker process's CPU per task acked.
 
-    python -m bench.sdk_cost [--tasks 100000] [--concurrency 1500] [--log-info] [--gc-default] [--profile 25]
+    python -m bench.micro.sdk_cost [--tasks 100000] [--concurrency 1500] [--log-info] [--gc-default] [--profile 25]
 
 In a spike the four bench worker processes use about a third of the box's two
 cores; this isolates that share from the cluster's, so a change to the SDK is
@@ -26,8 +26,8 @@ from aiohttp import web
 
 from bench.common import WORKER_SLOTS, BenchError, die_with_parent, free_ports, uptime_line, wait_until
 from schedulerd.gctune import tune_gc
+from schedulerd.sdk.worker import Task, Worker
 from schedulerd.timefmt import to_iso
-from schedulerd.worker import Task, Worker
 
 US = 1_000_000
 QUEUE = "bench"
@@ -127,13 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         serve(a.serve, a.tasks)
         return 0
     port = free_ports(1)[0]
-    stub = subprocess.Popen([sys.executable, "-m", "bench.sdk_cost", "--serve", str(port), "--tasks", str(a.tasks)],
+    stub = subprocess.Popen([sys.executable, "-m", "bench.micro.sdk_cost", "--serve", str(port), "--tasks", str(a.tasks)],
                             preexec_fn=die_with_parent)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: urllib.request.urlopen(url + "/ready", timeout=1).read(), READY_S_MAX,
                    f"the stub server at {url}", interval_s=0.05)
-        print(f"command: python -m bench.sdk_cost {' '.join(argv if argv is not None else sys.argv[1:])}")
+        print(f"command: python -m bench.micro.sdk_cost {' '.join(argv if argv is not None else sys.argv[1:])}")
         print("uptime before:", uptime_line())
         r = measure(url, a.tasks, a.concurrency, a.profile, a.log_info, a.gc_default)
         print("uptime after: ", uptime_line())

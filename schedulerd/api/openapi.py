@@ -10,10 +10,10 @@ from typing import Any
 
 from schedulerd import auth
 from schedulerd.limits import Limits
-from schedulerd.openapi_schemas import (DURATION, ERROR, FENCE, IDEMPOTENCY_KEY, INT, ITEM_RESULTS, JOB, JOB_ID,
+from schedulerd.api.openapi_schemas import (DURATION, ERROR, FENCE, IDEMPOTENCY_KEY, INT, ITEM_RESULTS, JOB, JOB_ID,
                                         LEASE_ITEM, NAMESPACE, QUEUE, RUN, RUN_ID, STR, TASK, TIME, TIMEZONE,
                                         WORKER_ID, Schema, batch, cron, job_create, job_patch, nullable, obj, page)
-from storage.model import JobState
+from schedulerd.storage.model import JobState
 
 # Answers that are not JSON, by route.
 _TEXT_ANSWERS = {"/ui": "text/html", "/metrics": "text/plain"}

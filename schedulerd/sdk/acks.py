@@ -11,10 +11,11 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import quote
 
 from schedulerd.errors import InvalidRequest, TooLarge, from_wire
+from schedulerd.sdk import wire
 
 Post = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
-ACK_BATCH_MAX = 500  # the server's default ack_batch_max
+ACK_BATCH_MAX = wire.SERVER_LIMITS.ack_batch_max
 
 
 class AckBatcher:

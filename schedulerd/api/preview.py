@@ -4,35 +4,29 @@ machine will compute them (storage/cron.py), without creating anything.
 Reads no Raft state: any node answers, leader or not, with its own clock."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from schedulerd import jobspec, timefmt, views
-from schedulerd import request as request_mod
+from schedulerd.api import inputs
+from schedulerd.api.keys import NODE
 from schedulerd.errors import InvalidJob, LimitExceeded
-from storage import cron
-
-if TYPE_CHECKING:
-    from schedulerd.node import Node
+from schedulerd.storage import cron
 
 PREVIEW_N_DEFAULT = 10
 QUERY_PARAMS = frozenset({"cron", "timezone", "every", "n"})
 
 
-def routes(node: "Node") -> list[web.RouteDef]:
-    n_max = node.config.limits.preview_n_max
-
-    async def preview(request: web.Request) -> web.Response:
-        request_mod.check_query(request, QUERY_PARAMS)
-        query = dict(request.query)
-        n = _count(query, n_max)
-        now_us = node.now_us()  # one reading: an every interval is anchored at it
-        schedule = jobspec.parse_schedule(_schedule_spec(query), now_us, node.config.limits)
-        fire_times = cron.preview(schedule, now_us, n)
-        return views.respond({"fire_times": [timefmt.to_iso(us) for us in fire_times]})
-
-    return [web.get("/v1/preview", preview)]
+async def preview(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    inputs.check_query(request, QUERY_PARAMS)
+    query = dict(request.query)
+    n = _count(query, node.config.limits.preview_n_max)
+    now_us = node.now_us()  # one reading: an every interval is anchored at it
+    schedule = jobspec.parse_schedule(_schedule_spec(query), now_us, node.config.limits)
+    fire_times = cron.preview(schedule, now_us, n)
+    return views.respond({"fire_times": [timefmt.to_iso(us) for us in fire_times]})
 
 
 def _schedule_spec(query: dict[str, str]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ with one entry would), in the batch sizes the daemon uses under load. Each job i
 created LEAD_US before it is due, so the create entry claims it (within
 --claim-ahead-s, as the daemon's lookahead_s) and the claim phase finds nothing.
 
-    python -m bench.apply_cost [--jobs 20000] [--claim-ahead-s 0] [--live N] [--data-root DIR] [--profile 25]
+    python -m bench.micro.apply_cost [--jobs 20000] [--claim-ahead-s 0] [--live N] [--data-root DIR] [--profile 25]
 
 --live N first fills the store with N one-off jobs due a year later (the scale
 bench's far-future jobs), so the phases run against a store of that size.
@@ -26,11 +26,11 @@ from typing import Any, Callable
 
 from bench.common import BenchError, uptime_line
 from schedulerd.config import NodeConfig
-from schedulerd.jobspec import JOB_DEFAULTS
 from schedulerd.gctune import tune_gc
-from storage import fsm, ops, queries
-from storage.db import Store
-from storage.ops import Op
+from schedulerd.raft.store import Store
+from schedulerd.storage import fsm, ops, queries
+from schedulerd.storage.jobs import SPEC_DEFAULTS
+from schedulerd.storage.ops import Op
 
 S = 1_000_000
 T0 = 1_800_000_000 * S
@@ -62,7 +62,7 @@ def fill(replica: Replica, live: int, prefix: str = "live") -> None:
     """live far-future one-offs, created in batches as the scale bench's fill makes them."""
     far = T0 + 365 * 86_400 * S
     for lo in range(0, live, CREATE_BATCH):
-        specs = [dict(JOB_DEFAULTS, job_id=f"{prefix}-{i:08d}", schedule={"kind": "at", "at_us": far},
+        specs = [dict(SPEC_DEFAULTS, job_id=f"{prefix}-{i:08d}", schedule={"kind": "at", "at_us": far},
                       schedule_spec={}, queue="bench", payload_json='{"n": 1}')
                  for i in range(lo, min(live, lo + CREATE_BATCH))]
         replica.apply(Op.CREATE_JOBS, {"now": T0, "jobs": specs, "grace_us": GRACE_US, "claim_ahead_us": 12 * S})
@@ -115,7 +115,7 @@ def phases(replica: Replica, jobs: int, ahead_us: int, prefix: str = "bench",
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.apply_cost", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.micro.apply_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--data-root", default=None, help="the store goes here (a real disk)")
     p.add_argument("--claim-ahead-s", type=float, default=12.0,
@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions")
     args = p.parse_args(argv)
     path = tempfile.mkdtemp(prefix="apply-cost-", dir=args.data_root)
-    tune_gc(NodeConfig.gc_young_objects)  # the collector as the daemon runs it
+    tune_gc()  # the collector as the daemon runs it
     profiler = cProfile.Profile() if args.profile else None
-    print(f"bench.apply_cost: {args.jobs:,} one-off jobs, one replica, store in {path}; {uptime_line()}")
+    print(f"bench.micro.apply_cost: {args.jobs:,} one-off jobs, one replica, store in {path}; {uptime_line()}")
     try:
         replica = Replica(os.path.join(path, "lmdb"))
         if args.live:

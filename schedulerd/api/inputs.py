@@ -9,8 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from schedulerd.exposure import require_json
 from schedulerd.errors import InvalidRequest, LimitExceeded, SlowRequest, TooLarge
+from schedulerd.api.exposure import require_json
 from schedulerd.limits import Limits
 from schedulerd.strict_json import integral, parse_json
 

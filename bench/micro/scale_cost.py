@@ -1,10 +1,10 @@
 """What a store's size costs one replica: apply per job and the leader's due scan,
 in a store of --baseline-live far-future jobs and one of --live, in one process.
 
-    python -m bench.scale_cost [--live 1000000] [--baseline-live 10000] [--rounds 40] [--data-root DIR]
+    python -m bench.micro.scale_cost [--live 1000000] [--baseline-live 10000] [--rounds 40] [--data-root DIR]
 
 The two stores take turns, round by round (0 1 1 0 ...): each round runs the create,
-claim, lease and ack entries of --jobs-per-round one-off jobs (bench.apply_cost's
+claim, lease and ack entries of --jobs-per-round one-off jobs (bench.micro.apply_cost's
 phases) on each, then times --scans due scans of each (the leader's scan over all
 shards, as schedulerd/leader.py makes it every scan_interval_s). A shared box whose
 speed drifts over minutes slows both stores alike, which the scale bench's steady runs,
@@ -18,12 +18,12 @@ import sys
 import tempfile
 import time
 
-from bench.apply_cost import S, T0, Replica, fill, phases
+from bench.micro.apply_cost import S, T0, Replica, fill, phases
 from bench.common import alternation, uptime_line
 from schedulerd.config import NodeConfig
 from schedulerd.gctune import tune_gc
 from schedulerd.limits import Limits
-from storage import keys, queries
+from schedulerd.storage import keys, queries
 
 ROUND_SPACING_US = 120 * S  # each round's jobs are due after the previous round's
 
@@ -40,7 +40,7 @@ def scan_s(replica: Replica, now: int, scans: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.scale_cost", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.micro.scale_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--live", type=int, default=1_000_000)
     p.add_argument("--baseline-live", type=int, default=10_000)
     p.add_argument("--rounds", type=int, default=40, help="rounds per store")
@@ -50,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.live <= args.baseline_live or args.rounds < 1 or args.jobs_per_round < 1 or args.scans < 1:
         p.error("need --live > --baseline-live and --rounds, --jobs-per-round, --scans of at least 1")
-    tune_gc(NodeConfig.gc_young_objects)
+    tune_gc()
     path = tempfile.mkdtemp(prefix="scale-cost-", dir=args.data_root)
     sizes = [args.baseline_live, args.live]
-    print(f"bench.scale_cost: {args.baseline_live:,} vs {args.live:,} live far-future jobs, {args.rounds} rounds "
+    print(f"bench.micro.scale_cost: {args.baseline_live:,} vs {args.live:,} live far-future jobs, {args.rounds} rounds "
           f"of {args.jobs_per_round:,} jobs each; store in {path}; {uptime_line()}")
     try:
         replicas = [Replica(os.path.join(path, f"live-{n}")) for n in sizes]

@@ -1,7 +1,7 @@
 """Starts the kernel writing back a store's dirty pages every few seconds, so they
 reach the disk a little at a time instead of in one burst.
 
-Commits to the store are not synced (storage/bootmark.py). Their pages stay dirty in
+Commits to the store are not synced (raft/bootmark.py). Their pages stay dirty in
 the page cache until the kernel's flusher takes them, by Linux's defaults once they are
 ~30 s old (`vm.dirty_expire_centisecs`): at 10,000 jobs/s, 0.6–1 GB of a box's three
 stores at once. Every journal fdatasync on that disk then queues behind the burst, and
@@ -110,23 +110,24 @@ def file_dirty_bytes(path: str) -> int | None:
         return stat.nr_dirty * _PAGE_BYTES
 
 
+# A round asks for writeback only once the store's file has gained this many dirty
+# bytes: at 10,000 jobs/s a store dirties 50-70 MB per 5 s and the kernel's 30 s burst
+# stalls the journals; at 300 jobs/s it dirties ~2 MB, a burst too small to matter, and
+# pacing would only write its hot pages six times as often.
+GROWTH_MIN_BYTES = 16 << 20
+# Where the kernel cannot tell a file's dirty bytes (no cachestat, Linux < 6.5): pace
+# only while the whole box holds this many dirty bytes.
+DIRTY_MIN_BYTES = 64 << 20
+
+
 class WritebackPacer:
     """Every `period_s`, from a daemon thread, calls `start_writeback` on one file when
     it dirtied `growth_min` bytes or more since the last round; where the kernel cannot
-    tell a file's dirty bytes, when the box holds `dirty_min` or more.
+    tell a file's dirty bytes, when the box holds `dirty_min` or more. The file is opened
+    afresh each time: a snapshot restore replaces it."""
 
-    The file's own growth tells the rates apart. At 10,000 jobs/s each node's store
-    dirtied 50-70 MB per 5 s, and the kernel's burst every 30 s stalled the journals. At
-    300 jobs/s over a 1,000,000-job store it dirtied ~2 MB per 5 s: the kernel's burst is
-    small, and pacing would only write the hot pages six times as often. The box's
-    dirty total, the first gate, counts every other program's pages too: two clusters
-    at 300 jobs/s held 55-177 MB between them and paced each other. Neither gate
-    measurably changed the scale ratio (box total: 1.19-1.23x in three runs; file
-    growth: 1.27x in one); the box's total stays as the
-    fallback where cachestat(2) is missing. The file is opened afresh each time: a
-    snapshot restore replaces it."""
-
-    def __init__(self, path: str, period_s: float, growth_min: int, dirty_min: int) -> None:
+    def __init__(self, path: str, period_s: float, growth_min: int = GROWTH_MIN_BYTES,
+                 dirty_min: int = DIRTY_MIN_BYTES) -> None:
         self.path = path
         self.period_s = period_s
         self.growth_min = growth_min

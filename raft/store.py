@@ -1,49 +1,27 @@
-"""One LMDB environment per Raft group, with its named databases.
+"""One LMDB environment per Raft group: opened, swapped by a snapshot restore, closed.
 
-Entries are applied into one write txn per Raft tick (`apply_txn`), committed
-by `commit_applied` before anyone learns a result. Commits are not fsynced
-(see storage/bootmark.py for why that is safe and what happens after a machine
-crash): the Raft journal, fsynced before any ack, still holds every entry after
-the last snapshot, and restart re-applies whatever is above the store's
-last_applied; a store older than the snapshot is replaced by it."""
+Entries are applied into one write txn per Raft tick (`apply_txn`, storage/fsm.py),
+committed by `commit_applied` before anyone learns a result. Commits are not fsynced
+(raft/bootmark.py says why that is safe and what happens after a machine crash):
+the Raft journal, fsynced before any ack, still holds every entry after the last
+snapshot, and restart re-applies whatever is above the store's last_applied; a
+store older than the snapshot is replaced by it."""
 from __future__ import annotations
 
 import logging
 import os
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator
 
 import lmdb
 
-from storage import bootmark, keys
-from storage.writeback import WritebackPacer
+from schedulerd.raft import bootmark
+from schedulerd.raft.writeback import WritebackPacer
+from schedulerd.storage import keys
+from schedulerd.storage.tables import DB_NAMES, SCHEMA, SCHEMA_VERSION, Tables, last_applied
 
 log = logging.getLogger("schedulerd.store")
-
-SCHEMA_VERSION = 1
-DB_NAMES = ("jobs", "due", "runs", "occurrences", "ready", "leases", "meta", "job_stats", "dead_letters",
-            "idempotency", "audit", "expiry")
-LAST_APPLIED = b"last_applied"
-SCHEMA = b"schema_version"
-
-
-@dataclass(frozen=True)
-class Tables:
-    jobs: object
-    due: object
-    runs: object
-    occurrences: object
-    ready: object
-    leases: object
-    meta: object
-    job_stats: object
-    dead_letters: object
-    idempotency: object
-    audit: object
-    # (check_us, job_id): when to look at a job again for expiry (storage/retention.py).
-    expiry: object
 
 
 class SchemaMismatch(Exception):
@@ -56,12 +34,9 @@ class Store:
     Reads and the swap take the lock; apply runs in the Raft tick thread, the
     same thread that restores and commits, so it never races the swap."""
 
-    def __init__(self, path: str, group: int, map_bytes: int, writeback_s: float = 0.0,
-                 writeback_growth_min: int = 0, writeback_dirty_min: int = 0) -> None:
+    def __init__(self, path: str, group: int, map_bytes: int, writeback_s: float = 0.0) -> None:
         """writeback_s: while commits are not synced, start the kernel writing the data
-        file back this often, in rounds after the file gained writeback_growth_min dirty
-        bytes (or, where that cannot be read, while the box holds writeback_dirty_min;
-        storage/writeback.py); 0 leaves it to the kernel."""
+        file back this often (raft/writeback.py); 0 leaves it to the kernel."""
         self.path = path
         self.group = group
         self.map_bytes = map_bytes
@@ -71,8 +46,7 @@ class Store:
         self.env, self.tables = self._open()
         self._pacer: WritebackPacer | None = None
         if writeback_s > 0 and self._boot is not None:
-            self._pacer = WritebackPacer(os.path.join(path, "data.mdb"), writeback_s, writeback_growth_min,
-                                         writeback_dirty_min)
+            self._pacer = WritebackPacer(os.path.join(path, "data.mdb"), writeback_s)
             self._pacer.start()
 
     def _discard(self) -> None:
@@ -150,12 +124,3 @@ class Store:
             self.env.close()
         if self._boot is not None:
             bootmark.mark(self.path, self._boot, clean=True)
-
-
-def last_applied(txn: lmdb.Transaction, tables: Tables) -> int:
-    raw = txn.get(LAST_APPLIED, db=tables.meta)
-    return keys.read_u64(raw) if raw else 0
-
-
-def set_last_applied(txn: lmdb.Transaction, tables: Tables, index: int) -> None:
-    txn.put(LAST_APPLIED, keys.u64(index), db=tables.meta)

@@ -2,13 +2,13 @@
 CPU (user and kernel) of `raft.snapshot.write`, and what it does to a journal's
 fdatasync on the same disk while it runs.
 
-    python -m bench.snapshot_cost [--live 1000000] [--rounds 3] [--bytes-per-s N] [--stage-dir DIR] [--store DIR] [--data-root DIR]
+    python -m bench.micro.snapshot_cost [--live 1000000] [--rounds 3] [--bytes-per-s N] [--stage-dir DIR] [--store DIR] [--data-root DIR]
 
-The store holds --live far-future one-off jobs (bench.apply_cost's fill), or is an
+The store holds --live far-future one-off jobs (bench.micro.apply_cost's fill), or is an
 existing store directory given with --store (so two builds can take turns copying
 the same one). Each round writes a snapshot into the same directory, paced as a
 node's background copy is (--bytes-per-s, RaftConfig.snapshot_write_bytes_per_s; 0:
-unpaced) and staged where it is (--stage-dir, RaftConfig.snapshot_stage_dir; '' for
+unpaced) and staged where it is (--stage-dir, raft/snapshot_writer.py's STAGE_DIR; '' for
 none), times it and deletes it. CPU is this process's, every thread's, over the
 write. Meanwhile a probe thread appends a 2 KB record to a file beside it and
 fdatasyncs it every 3 ms, as a node's Raft journal does under load; it also runs
@@ -27,10 +27,11 @@ import threading
 import time
 from typing import Any
 
-from bench.apply_cost import Replica, fill
 from bench.common import percentile, uptime_line
-from raft import snapshot
-from raft.conf import RaftConfig
+from bench.micro.apply_cost import Replica, fill
+from schedulerd.raft import snapshot
+from schedulerd.raft.conf import RaftConfig
+from schedulerd.raft.snapshot_writer import STAGE_DIR
 
 # pysyncobj's (last applied entry, the one before it, cluster), as a compaction passes them.
 ENTRIES = ((b"\x01", 2, 1), (b"\x01", 1, 1), None)
@@ -99,13 +100,13 @@ def _probe_line(r: dict[str, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.snapshot_cost", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.micro.snapshot_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--live", type=int, default=1_000_000, help="far-future jobs to fill a new store with")
     p.add_argument("--store", default=None, help="copy this existing store directory instead of filling one")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--bytes-per-s", type=int, default=RaftConfig.snapshot_write_bytes_per_s,
                    help="pace of the copy (0: unpaced)")
-    p.add_argument("--stage-dir", default=RaftConfig.snapshot_stage_dir,
+    p.add_argument("--stage-dir", default=STAGE_DIR,
                    help="stage the copy here first, as a node does ('': through the pipe, no staging)")
     p.add_argument("--idle-s", type=float, default=3.0, help="the probe alone, before the first round")
     p.add_argument("--data-root", default=None, help="the store and the snapshots go here (a real disk)")
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     path = tempfile.mkdtemp(prefix="snapshot-cost-", dir=args.data_root)
     pace = f"{args.bytes_per_s / 2**20:g} MiB/s" if args.bytes_per_s else "unpaced"
     pace += f", staged in {args.stage_dir}" if args.stage_dir else ", through the pipe"
-    print(f"bench.snapshot_cost: {args.store or f'{args.live:,} far-future jobs'}, {args.rounds} rounds, {pace}; "
+    print(f"bench.micro.snapshot_cost: {args.store or f'{args.live:,} far-future jobs'}, {args.rounds} rounds, {pace}; "
           f"{uptime_line()}")
     try:
         replica = Replica(args.store or os.path.join(path, "lmdb"))

@@ -1,0 +1,1 @@
+"""Micro-benchmarks that guard a hot path; bench/README.md says what each measures."""

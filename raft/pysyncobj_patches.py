@@ -1,0 +1,309 @@
+"""Every place schedulerd reaches into pysyncobj: its private attributes, the objects it
+builds and the functions it calls, each changed to fix one misbehaviour of the
+version it was written against. Nothing else in schedulerd touches pysyncobj's
+internals, and this module refuses to load beside any other version: a patch that
+silently stopped applying would weaken Raft, not fail.
+
+The patches, each a function below with the misbehaviour it fixes:
+- the pickle protocol of every message (`use_pickle_protocol`);
+- a commit announced to followers before the leader applies it (`send_append_entries`);
+- a follower whose log diverged catches up in one step (`backtrack_to_commit_index`);
+- a late ack never moves the leader's nextIndex back (`keep_next_index_on_late_acks`);
+- a follower commits only on an append that matched its log (`commit_only_what_matched`);
+- the leader vets and stamps each entry as it appends it (`vet_as_leader_appends`);
+- the log is fsynced before a node counts it or answers for it (`make_durable`), in the
+  journal pysyncobj is made to create (`replace_journal_factory`);
+- snapshot transfers that finish (`pace_snapshot_sends`, `answer_snapshot_pieces`,
+  `forget_snapshot_transfers`).
+
+Snapshot transfers, in detail:
+Sending a snapshot to a lagging or wiped follower without stalling the cluster.
+
+pysyncobj 0.3.17 streams the snapshot file in `logCompactionBatchSize` pieces.
+Three things in it kept a wiped follower of a 1M-job store (a 711 MB snapshot)
+from ever catching up, each seen in the scale bench's logs:
+
+- The follower answers nothing until the last piece, and a leader drops a
+  connection it has read nothing from for `connectionTimeout` (3.5 s). Any
+  transfer longer than that started again from the first piece, every ~5 s,
+  and the cut-off follower called an election each time (term 3 -> 99).
+- The leader queues pieces as fast as it reads them into a bytes buffer it
+  copies on every socket write: the buffer grows by the tens of MB per tick
+  and copying it stalls the tick thread that also sends heartbeats.
+- A leader keeps its read position across losing and regaining leadership and
+  resumes mid-file into a follower that has since started over with another
+  leader: the follower assembles a mixture (refused by the snapshot trailer).
+
+So the follower answers each piece with a no-op `next_node_idx` (success and
+reset false: the leader only notes that it heard from it), the leader queues
+at most `window_bytes` for one follower (waiting for the socket briefly, never
+longer than one append period), and every leader change forgets transfers in
+progress."""
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import select
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import pysyncobj.pickle
+import pysyncobj.syncobj
+from pysyncobj import FAIL_REASON, SyncObj
+from pysyncobj.tcp_connection import CONNECTION_STATE
+
+from schedulerd.storage import ops
+
+if TYPE_CHECKING:
+    from schedulerd.raft.journal import DurableJournal
+
+log = logging.getLogger("schedulerd.raft")
+
+WRITTEN_FOR = "0.3.17"
+_INSTALLED = importlib.metadata.version("pysyncobj")
+if _INSTALLED != WRITTEN_FOR:
+    raise ImportError(f"schedulerd's Raft layer patches pysyncobj {WRITTEN_FOR}'s internals, and pysyncobj "
+                      f"{_INSTALLED} is installed: install pysyncobj=={WRITTEN_FOR}")
+
+Stamp = Callable[[bytes, int], bytes]  # (entry blob, the cluster's time in µs) -> the blob to append
+# Messages that tell a peer what this node holds: its log must be durable first.
+# Term and vote are already durable (setCurrentTerm stores them synchronously).
+_SYNC_BEFORE_SENDING = frozenset({"next_node_idx", "request_vote", "response_vote"})
+
+
+def transport(replica: SyncObj) -> Any:
+    """The replica's TCP transport (pysyncobj keeps it private)."""
+    return replica._SyncObj__transport
+
+
+def raft_log(replica: SyncObj) -> Any:
+    """The journal the replica logs into."""
+    return replica._SyncObj__raftLog
+
+
+# pysyncobj 0.3.17 pickles every message and command at protocol 2, which writes a bytes
+# object (each entry is one) as a latin-1 str and reads it back through codecs. For a
+# 150-job create entry, protocol 5 pickles the command in 0.7 µs against 15.7, unpickles
+# it in 0.6 against 13.4, and pickles and compresses an append carrying it in 28 µs
+# against 109. Every reader takes any protocol, so nodes of older builds read these messages
+# and journals unchanged.
+PICKLE_PROTOCOL = 5
+
+
+def use_pickle_protocol() -> None:
+    """Pickle every message and command at PICKLE_PROTOCOL (see above)."""
+    setattr(pysyncobj.pickle, "__protocol", PICKLE_PROTOCOL)
+
+
+def send_append_entries(replica: SyncObj) -> None:
+    """Send each follower its append now, from the leader's tick thread. pysyncobj 0.3.17
+    sends the new commit index only once the leader's own apply is done: a leader about
+    to apply calls this first, so its followers apply alongside it."""
+    replica._SyncObj__sendAppendEntries()
+
+
+def backtrack_to_commit_index(replica: SyncObj) -> None:
+    """Make a follower whose log diverged catch up in one step.
+
+    pysyncobj 0.3.17's leader sends several append batches per tick. A follower
+    with a stale suffix (a cut-off leader's uncommitted entries) answers the first
+    with "back up one entry" and the rest with "resend from my log end"; the
+    leader applies the answers in order, lands on the log end again, and the
+    follower never catches up (a livelock once the leader is a batch ahead).
+    Every failed answer is rewritten here to "resend from my commit index + 1":
+    committed entries always match the leader's, so the next batch's prevLogIdx
+    matches and pysyncobj replaces the stale suffix at once."""
+    tcp = transport(replica)
+    send = tcp.send
+
+    def send_with_backtrack(node: Any, message: dict[str, Any]) -> Any:
+        if message.get("type") == "next_node_idx" and message.get("reset") and not message.get("success"):
+            message = dict(message, next_node_idx=min(message["next_node_idx"], replica.raftCommitIndex + 1))
+        return send(node, message)
+
+    tcp.send = send_with_backtrack
+
+
+def keep_next_index_on_late_acks(replica: SyncObj) -> None:
+    """A follower's ack only ever moves the leader's nextIndex for it forward.
+
+    pysyncobj 0.3.17's leader sends each new entry as it appends it, and set nextIndex
+    to whatever the latest ack reported, even with later appends already on their way:
+    those were sent again, and the follower truncated and re-added entries it had
+    applied ("truncating already-applied log entries"). A rejected append still moves
+    nextIndex back (the consistency check and backtrack_to_commit_index), which is all
+    Raft needs to repair an append that never arrived."""
+    tcp = transport(replica)
+    handle = tcp._onMessageReceivedCallback
+
+    def on_message(node: Any, message: dict[str, Any]) -> None:
+        if message.get("type") != "next_node_idx" or not message.get("success") or message.get("reset"):
+            handle(node, message)
+            return
+        next_index = replica._SyncObj__raftNextIndex
+        before = next_index.get(node)
+        handle(node, message)
+        if before is not None and next_index.get(node, before) < before:
+            next_index[node] = before
+
+    tcp._onMessageReceivedCallback = on_message
+
+
+def commit_only_what_matched(replica: SyncObj) -> None:
+    """A follower moves its commit index only on an append that matched its log.
+
+    pysyncobj 0.3.17 takes the leader's commit index from every append_entries
+    message, and one that carries a piece of a snapshot (or nothing) never checked
+    the follower's log against the leader's. A cut-off former leader that holds
+    uncommitted entries and is sent a snapshot then "committed" and applied those
+    stale entries, and the snapshot that followed was older than its store, so the
+    replica kept jobs the cluster never committed and missed ones it did
+    (test_group, the cut-off leader tests). Such messages now leave the follower's
+    commit index where it was; the snapshot install sets what it covers, and the
+    next matching append moves the commit index on."""
+    tcp = transport(replica)
+    handle = tcp._onMessageReceivedCallback
+
+    def on_message(node: Any, message: dict[str, Any]) -> None:
+        if message.get("type") == "append_entries" and "prevLogIdx" not in message:
+            message = dict(message, commit_index=min(message["commit_index"], replica.raftCommitIndex))
+        handle(node, message)
+
+    tcp._onMessageReceivedCallback = on_message
+
+
+_REGULAR = b"\x00"  # pysyncobj's command type byte of a replicated call
+
+
+def vet_as_leader_appends(replica: SyncObj, stamp: Stamp | None, cluster_now_us: Callable[[], int],
+                           writes: Callable[[], int]) -> None:
+    """Let the leader look at each entry at the moment it appends it (in the tick thread,
+    right before pysyncobj checks it is the leader and appends): its own proposals and
+    those followers forwarded alike.
+
+    An entry of a version newer than the cluster writes is refused, since a voter would
+    stop on it: its proposer acted on an older figure (a leader change, a voter restarted
+    on an older build), and the API answers it 503, to retry. The others pass through
+    `stamp`. Anything else (a follower forwarding, a command of another type) passes as
+    it came."""
+    queue = replica._SyncObj__commandsQueue
+    take = queue.get_nowait
+    refuse = replica._SyncObj__callErrCallback
+
+    def get_nowait() -> tuple[bytes, Any]:
+        while True:
+            command, callback = take()  # raises queue.Empty when none is left, as pysyncobj expects
+            if command[:1] != _REGULAR or not replica._isLeader():
+                return command, callback
+            try:
+                func_id, (blob,) = pysyncobj.pickle.loads(command[1:])
+                head, cluster_writes = ops.header(blob), writes()
+                if head is not None and head[1] > cluster_writes:
+                    log.warning("entry_refused version=%d writes=%d", head[1], cluster_writes)
+                    refuse(FAIL_REASON.REQUEST_DENIED, callback)
+                    continue
+                stamped = blob if stamp is None else stamp(blob, cluster_now_us())
+            except Exception:  # an exception here would stop the tick thread: append it as it came
+                log.exception("leader_vet_failed")
+                return command, callback
+            if stamped is not blob:
+                command = _REGULAR + pysyncobj.pickle.dumps((func_id, (stamped,)))
+            return command, callback
+
+    queue.get_nowait = get_nowait
+
+
+def replace_journal_factory(create: Callable[[str | None], Any]) -> None:
+    """Make every SyncObj created from now on log into what `create(journalFile)` returns.
+    SyncObj.__init__ calls the name `createJournal` that syncobj.py imported from
+    .journal, so that is the one to replace."""
+    pysyncobj.syncobj.createJournal = create
+
+
+def make_durable(syncobj: SyncObj, journal: DurableJournal) -> None:
+    """fsync the log before `syncobj` counts its own copy or reports it to a peer.
+
+    Call once, right after constructing the SyncObj: its tick thread starts in
+    the constructor, and entries it acknowledges before this call are not fsynced
+    first.
+    """
+    if raft_log(syncobj) is not journal:
+        raise ValueError("journal is not this SyncObj's log; call install() before creating it")
+    # Leader. The installed 0.3.17 SyncObj._onTick runs, in order: (1) if leader,
+    # count followers' matchIndex plus 1 for itself and advance the commit index;
+    # (2) apply committed entries; (3) send append_entries; (4)
+    # _checkCommandsToApply appends the leader's new entries; (5) log compaction;
+    # (6) tick callbacks; (7) poller.poll waits for messages. Syncing at (6) makes
+    # the entries of (4) durable before (1) of the next tick counts them. The NO_OP
+    # a new leader appends inside (7) counts only with followers' acks, which
+    # arrive in a later poll, after (6). Only a 1-node cluster commits its
+    # election NO_OP unsynced (elected and counted in one tick): it carries no
+    # client write, and the next sync covers it since the file is append-only.
+    syncobj.addOnTickCallback(journal.sync)
+    # Follower. The append_entries handler adds entries, then answers through
+    # self.__transport.send(node, {"type": "next_node_idx", ...}).
+    tcp = transport(syncobj)
+    send = tcp.send
+
+    def send_after_sync(node: Any, message: dict[str, Any]) -> bool:
+        if message.get("type") in _SYNC_BEFORE_SENDING:
+            journal.sync()
+        return send(node, message)
+
+    tcp.send = send_after_sync
+
+
+def _serializer(replica: SyncObj) -> Any:
+    return replica._SyncObj__serializer
+
+
+def pace_snapshot_sends(replica: SyncObj, window_bytes: int, wait_s: float) -> None:
+    """Leader: hand out the next piece only while less than window_bytes wait to go to that node."""
+    serializer = _serializer(replica)
+    tcp = transport(replica)
+    next_piece = serializer.getTransmissionData
+
+    def paced(node: Any) -> Any:
+        conn = tcp._connections.get(node)
+        if conn is not None and not _drained(conn, window_bytes, wait_s):
+            return None  # pysyncobj sends an empty message and tries again next tick
+        return next_piece(node)
+
+    serializer.getTransmissionData = paced
+
+
+def _drained(conn: Any, window_bytes: int, wait_s: float) -> bool:
+    """Push the connection's queued bytes into its socket until fewer than window_bytes remain."""
+    deadline = time.monotonic() + wait_s
+    while conn.getSendBufferSize() >= window_bytes:
+        left = deadline - time.monotonic()
+        if left <= 0 or conn.state != CONNECTION_STATE.CONNECTED:
+            return False
+        select.select([], [conn.fileno()], [], left)
+        conn._TcpConnection__trySendBuffer()
+    return True
+
+
+def answer_snapshot_pieces(replica: SyncObj) -> None:
+    """Follower: acknowledge every piece received, so the leader keeps the connection."""
+    serializer = _serializer(replica)
+    tcp = transport(replica)
+    take_piece = serializer.setTransmissionData
+
+    def take_and_answer(data: Any) -> bool:
+        complete = take_piece(data)
+        leader = replica._getLeader()
+        if not complete and data is not None and leader is not None:
+            tcp.send(leader, {"type": "next_node_idx", "next_node_idx": 0, "reset": False, "success": False})
+        return complete
+
+    serializer.setTransmissionData = take_and_answer
+
+
+def forget_snapshot_transfers(replica: SyncObj) -> None:
+    """Drop every transfer in progress; a new one starts from the first piece (tick thread only)."""
+    transfers = _serializer(replica)._Serializer__transmissions
+    for transfer in transfers.values():
+        if "file" in transfer:
+            transfer["file"].close()
+    transfers.clear()

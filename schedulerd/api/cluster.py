@@ -1,0 +1,116 @@
+"""The handlers of the node's own routes: cluster status and digest, queues, the audit
+log, health and readiness, metrics and the OpenAPI document (the table is api/routes.py)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+
+from schedulerd import auth, namespaces, views
+from schedulerd.api import inputs
+from schedulerd.api.keys import LEASES, METRICS, NODE, SPEC
+from schedulerd.errors import InvalidRequest, Unavailable
+from schedulerd.storage import queries
+from schedulerd.storage.queries import state_digest
+from schedulerd.storage.tables import last_applied
+from schedulerd.timefmt import to_iso
+from schedulerd.units import US_PER_S
+
+# An audit record's key in hex, as next_cursor gives it.
+_AUDIT_CURSOR = re.compile(r"(?:[0-9a-f]{2})*")
+
+
+async def cluster(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    leases = request.app[LEASES]
+    return views.respond({"node": node.config.raft.self_addr,
+                          "http": f"{node.config.http_host}:{node.config.http_port}",
+                          "clock": to_iso(node.clock.now_us()),
+                          "groups": [g.status() for g in node.groups],
+                          "poll_waiters": leases.waiters})
+
+
+async def queues(request: web.Request) -> web.Response:
+    """Per queue: runs leasable now, runs queued for later, the oldest ready run's wait."""
+    node = request.app[NODE]
+    now = node.now_us()
+    stats: dict[str, list[int]] = {}
+    cut = False
+    for group in node.groups:
+        with node.read(group) as (txn, tables):
+            cut |= queries.queue_stats(txn, tables, now, node.config.limits.metrics_scan_max, stats)
+    principal = request.get(auth.PRINCIPAL)
+    shown = []
+    for stored, (ready, later, oldest) in sorted(stats.items()):
+        namespace, queue = namespaces.split(stored)
+        if isinstance(principal, auth.Principal) and not principal.may_use(namespace):
+            continue
+        shown.append({"queue": queue, "namespace": namespace, "ready": ready, "waiting": later,
+                      "oldest_ready_age_s": (now - oldest) / US_PER_S})
+    return views.respond({"queues": shown, "truncated": cut})
+
+
+async def audit_log(request: web.Request) -> web.Response:
+    """Newest first; the cursor is the last record's position."""
+    node = request.app[NODE]
+    inputs.check_query(request, inputs.PAGE_QUERY)
+    limit = inputs.query_int(request, "limit", default=100, low=1, high=node.config.limits.page_size_max,
+                             limit_name="page_size_max")
+    cursor = request.query.get("cursor")
+    if cursor is not None and not _AUDIT_CURSOR.fullmatch(cursor):
+        raise InvalidRequest("cursor must be a value returned as next_cursor")
+    before = bytes.fromhex(cursor) if cursor else None
+    records: list[tuple[bytes, dict[str, Any]]] = []
+    for group in node.groups:
+        with node.read(group) as (txn, tables):
+            records.extend(queries.audit_records(txn, tables, limit=limit, before=before))
+    records.sort(key=lambda kr: (kr[1]["at_us"], kr[0]), reverse=True)
+    page = records[:limit]
+    return views.respond({
+        "records": [{"at": to_iso(r["at_us"]), "who": r["who"], "what": r["what"], "via": r["via"],
+                     "outcome": r["outcome"], "raft_index": r["raft_index"]} for _, r in page],
+        "next_cursor": page[-1][0].hex() if len(page) == limit else None})
+
+
+async def digest(request: web.Request) -> web.Response:
+    """A hash of each group's whole replicated state at its last applied index:
+    replicas that applied the same entries must report the same digest."""
+    node = request.app[NODE]
+    out = []
+    for group in node.groups:
+        with node.read(group) as (txn, tables):
+            out.append({"group": group.group_id, "last_applied": last_applied(txn, tables),
+                        "digest": state_digest(txn, tables)})
+    return views.respond({"groups": out})
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    spec = request.app[SPEC]
+    return views.respond(spec)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return views.respond({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    problems = _readiness_problems([g.status() for g in node.groups])
+    if problems:
+        raise Unavailable("; ".join(problems))
+    return views.respond({"ok": True})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return await request.app[METRICS].handle(request)
+
+
+def _readiness_problems(statuses: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for s in statuses:
+        if s["leader"] is None:
+            problems.append(f"group {s['group']} has no leader")
+        elif not s["ready"]:
+            problems.append(f"group {s['group']} is catching up (applied {s['last_applied']})")
+    return problems

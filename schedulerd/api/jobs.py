@@ -1,0 +1,401 @@
+"""The handlers of the job and run routes (the table is api/routes.py)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+
+from schedulerd import jobspec, namespaces, targets, views
+from schedulerd.api import inputs
+from schedulerd.api.keys import CREATES, NODE
+from schedulerd.auth import audit_note, may_manage_jobs
+from schedulerd.coalescer import Coalescer
+from schedulerd.errors import InvalidRequest, NotFound, SchedulerError, from_wire
+from schedulerd.node import RUN_ID_RE, Node
+from schedulerd.raft.group import Group
+from schedulerd.storage import ops, queries, records
+from schedulerd.storage.jobs import RETENTION
+from schedulerd.storage.model import JobState
+from schedulerd.storage.ops import Op
+from schedulerd.units import US_PER_S
+
+JOB_STATES = {s.value for s in JobState}
+SPEC_BYTES_ESTIMATE = 512  # a job's encoded size besides its payload, for sizing coalesced entries
+
+# A runs cursor: the occurrence time (µs) to list after, as next_cursor gave it.
+_TIME_CURSOR = re.compile(r"[0-9]{1,19}")
+
+
+def creates_coalescer(node: Node) -> Coalescer:
+    """The node's creates, coalesced: one Raft entry per create would cap single creates at
+    the commit rate. The entry claims what is due within the lookahead as the leader's scan
+    would (claims.claim_created)."""
+    cfg, limits = node.config, node.config.limits
+    return Coalescer(node.propose, Op.CREATE_JOBS, "jobs", "results", limits.create_entry_bytes_max,
+                     extra=lambda: {"now": node.now_us(), "claim_ahead_us": int(cfg.lookahead_s * US_PER_S),
+                                    "grace_us": int(cfg.misfire_grace_s * US_PER_S),
+                                    "finished_ttl_us": int(cfg.finished_ttl_s * US_PER_S)},
+                     weight=lambda spec: len(spec.get("payload_json", "")) + SPEC_BYTES_ESTIMATE)
+
+
+async def create(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    cfg = node.config
+    limits = node.config.limits
+    creates = request.app[CREATES]
+    now = node.now_us()
+    namespace = namespaces.of_request(request)
+    spec = _in_namespace(namespace, jobspec.parse_job(await inputs.body(request), now, limits,
+                                                      request.headers.get("Idempotency-Key")))
+    targets.check_destination(spec.get("target"), cfg.destinations)
+    _retained(node, spec)
+    spec["audit"] = audit_note(request, f"create job {spec['job_id']}")
+    (result,) = await _create(node, creates, [spec])
+    if not result["ok"]:
+        raise from_wire(result["code"], result["message"])
+    return views.respond(_created_view(node, result), status=200 if result.get("existing") else 201)
+
+
+async def update(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    cfg = node.config
+    limits = node.config.limits
+    job_id = _job_id(request)
+    raw = await inputs.body(request)
+    unknown = sorted(raw.keys() - jobspec.OPTION_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"cannot update {', '.join(unknown)}; updatable: "
+                             f"{', '.join(sorted(jobspec.OPTION_FIELDS))}")
+    if not raw:
+        raise InvalidRequest("nothing to update: send at least one field")
+    current = _job_record(node, job_id)
+    changes = jobspec.parse_options(raw, node.now_us(), limits, backoff_base=current["backoff"])
+    targets.check_destination(changes.get("target"), cfg.destinations)
+    if changes.keys() & RETENTION:
+        node.require_entry_version(node.group_of_job(job_id), ops.RETENTION_SINCE, "a job's retention")
+    jobspec.check_together({**current, **changes})
+    if "queue" in changes:
+        changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
+    await _job_command(node, Op.UPDATE_JOB, job_id, {
+        "changes": changes, "audit": audit_note(request, f"update job {job_id}: {', '.join(sorted(raw))}")})
+    return views.respond(_job_view(node, job_id))
+
+
+async def pause(request: web.Request) -> web.Response:
+    return await _lifecycle(request, Op.PAUSE_JOB, "pause")
+
+
+async def resume(request: web.Request) -> web.Response:
+    return await _lifecycle(request, Op.RESUME_JOB, "resume")
+
+
+async def trigger(request: web.Request) -> web.Response:
+    return await _lifecycle(request, Op.TRIGGER_JOB, "trigger")
+
+
+async def _lifecycle(request: web.Request, op: Op, verb: str) -> web.Response:
+    node = request.app[NODE]
+    job_id = _job_id(request)
+    result = await _job_command(node, op, job_id, {"audit": audit_note(request, f"{verb} job {job_id}")})
+    if op == Op.TRIGGER_JOB:
+        return views.respond({"run": views.run(result["run"])}, status=201)
+    return views.respond(_job_view(node, job_id))
+
+
+async def dead_letter_list(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    limits = node.config.limits
+    inputs.check_query(request, inputs.PAGE_QUERY | {"queue"})
+    limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
+                             limit_name="page_size_max")
+    after = _dead_letter_cursor(request.query.get("cursor"))
+    namespace = namespaces.of_request(request)
+    runs: list[dict[str, Any]] = []
+    stops: list[tuple[int, str]] = []
+    for group in node.groups:
+        with node.read(group) as (txn, tables):
+            page, stop = queries.dead_letters(txn, tables, queue=_queue_filter(request), limit=limit,
+                                              after=after, scan_max=limits.list_scan_max)
+        page = [r for r in page if namespaces.holds(namespace, r["job_id"])]
+        runs.extend(page)
+        if stop is not None:
+            stops.append(stop)
+    runs.sort(key=lambda r: (r["finished_us"], r["run_id"]))
+    if len(runs) > limit:
+        stops.append((runs[limit - 1]["finished_us"], runs[limit - 1]["run_id"]))
+    stop = min(stops) if stops else None
+    if stop is not None:
+        runs = [r for r in runs if (r["finished_us"], r["run_id"]) <= stop]
+    return views.respond({"runs": [views.run(r) for r in runs],
+                          "next_cursor": f"{stop[0]}:{stop[1]}" if stop else None})
+
+
+async def redrive(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    run_id = request.match_info["run_id"]
+    group = _visible_run(node, request, run_id)[0]
+    result = await node.propose(group, Op.REDRIVE_RUN, {
+        "run_id": run_id, "audit": audit_note(request, f"re-drive run {run_id}")})
+    if not result["ok"]:
+        raise from_wire(result["code"], result["message"])
+    return views.respond({"run": views.run(result["run"])})
+
+
+async def create_batch(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    cfg = node.config
+    limits = node.config.limits
+    creates = request.app[CREATES]
+    now = node.now_us()
+    raw = inputs.items(await inputs.body(request), "jobs", max_items=limits.create_batch_max,
+                       limit_name="create_batch_max")
+    namespace = namespaces.of_request(request)  # once a request: it was a header read and a regex per job
+    specs = []
+    for position, job in enumerate(raw):
+        try:
+            specs.append(_in_namespace(namespace, jobspec.parse_job(job, now, limits)))
+            targets.check_destination(specs[-1].get("target"), cfg.destinations)
+            _retained(node, specs[-1])
+        except SchedulerError as exc:
+            # The whole batch is refused; say which job, so a file import can point at it.
+            named = f" (job_id {job.get('job_id')!r})" if isinstance(job, dict) and job.get("job_id") else ""
+            raise type(exc)(f"jobs[{position}]{named}: {exc.message}") from None
+    if specs:
+        specs[0]["audit"] = audit_note(request, f"create {len(specs)} jobs ({specs[0]['job_id']}, ...)",
+                                       count=len(specs))
+    if len({s["job_id"] for s in specs}) != len(specs):
+        raise InvalidRequest("job_id values in one batch must be distinct")
+    results = await _create(node, creates, specs)
+    minimal = views.prefers_minimal(request)
+
+    def item(r: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"job_id": namespaces.split(r["job_id"])[1], "ok": r["ok"]}
+        if not r["ok"]:
+            out["error"] = {"code": r["code"], "message": r["message"]}
+        elif not minimal:
+            out["job"] = _created_view(node, r)
+        return out
+
+    response = views.respond({"results": [item(r) for r in results]}, status=200)
+    if minimal:
+        response.headers["Preference-Applied"] = views.RETURN_MINIMAL
+    return response
+
+
+async def get(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    return views.respond(_job_view(node, _job_id(request), may_manage_jobs(request)))
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    limits = node.config.limits
+    inputs.check_query(request, inputs.PAGE_QUERY | {"queue", "state"})
+    state = request.query.get("state")
+    if state is not None and state not in JOB_STATES:
+        raise InvalidRequest(f"state must be one of {', '.join(sorted(JOB_STATES))}")
+    limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
+                             limit_name="page_size_max")
+    jobs: list[dict[str, Any]] = []
+    cursors: list[str | None] = []
+    after = request.query.get("cursor") or None
+    namespace = namespaces.of_request(request)
+    # The default namespace is the bare ids; another is the ids under its prefix.
+    prefix = "" if namespace == namespaces.DEFAULT else namespaces.inside(namespace, "")
+    bare_only = namespace == namespaces.DEFAULT
+    for group in node.groups:
+        with node.read(group) as (txn, tables):
+            page, cursor = queries.list_jobs(txn, tables, state=state, queue=_queue_filter(request),
+                                             limit=limit, after=after, scan_max=limits.list_scan_max,
+                                             now_us=node.now_us(), prefix=prefix, bare_only=bare_only)
+        jobs.extend(page)
+        cursors.append(cursor)
+    jobs.sort(key=lambda j: j["job_id"])
+    next_cursor = _merge_cursor(jobs, limit, cursors)
+    if next_cursor is not None:
+        jobs = [j for j in jobs if j["job_id"] <= next_cursor]
+    shown = may_manage_jobs(request)
+    return views.respond({"jobs": [views.job(j, shown) for j in jobs], "next_cursor": next_cursor})
+
+
+async def cancel(request: web.Request) -> web.Response:
+    """Cancel; with ?purge=true, then delete the job and its runs (its id is free again)."""
+    node = request.app[NODE]
+    inputs.check_query(request, frozenset({"purge"}))
+    purge = inputs.query_bool(request, "purge")
+    job_id = _job_id(request)
+    cancelling = audit_note(request, f"cancel job {job_id}")
+    if not purge:
+        await _job_command(node, Op.CANCEL_JOB, job_id, {"audit": cancelling})
+        return views.respond(_job_view(node, job_id))
+    node.require_entry_version(node.group_of_job(job_id), ops.PURGE_SINCE, "a purge")
+    await _finish(node, job_id, cancelling)
+    deleted = await _purge(node, job_id, audit_note(request, f"purge job {job_id}"))
+    return views.respond({"job_id": namespaces.split(job_id)[1], "purged": True, "deleted_runs": deleted})
+
+
+async def discard(request: web.Request) -> web.Response:
+    """Delete a dead letter: it leaves the dead-letter list and its job's history."""
+    node = request.app[NODE]
+    run_id = request.match_info["run_id"]
+    group = _visible_run(node, request, run_id)[0]
+    node.require_entry_version(group, ops.PURGE_SINCE, "discarding a dead letter")
+    result = await node.propose(group, Op.DISCARD_RUN, {
+        "run_id": run_id, "audit": audit_note(request, f"discard dead letter {run_id}")})
+    if not result["ok"]:
+        raise from_wire(result["code"], result["message"])
+    return views.respond({"run_id": run_id, "discarded": True, "run": views.run(result["run"])})
+
+
+async def job_runs(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    limits = node.config.limits
+    inputs.check_query(request, inputs.PAGE_QUERY)
+    job_id = _job_id(request)
+    limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
+                             limit_name="page_size_max")
+    cursor = request.query.get("cursor")
+    if cursor is not None and not _TIME_CURSOR.fullmatch(cursor):
+        raise InvalidRequest("cursor must be a value returned as next_cursor")
+    group = node.group_of_job(job_id)
+    with node.read(group) as (txn, tables):
+        if records.get_job(records.Reader(txn, tables), job_id) is None:
+            raise NotFound(f"no job {job_id!r}")
+        runs, nxt = queries.job_runs(txn, tables, job_id, limit=limit,
+                                     after_us=int(cursor) if cursor else None)
+    return views.respond({"runs": [views.run(r) for r in runs],
+                          "next_cursor": str(nxt) if nxt is not None else None})
+
+
+async def get_run(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    return views.respond(views.run(_visible_run(node, request, request.match_info["run_id"])[1]))
+
+
+def _job_id(request: web.Request) -> str:
+    """The stored id of the job the path names, in the request's namespace."""
+    job_id = request.match_info["job_id"]
+    if not jobspec.ID_RE.match(job_id):
+        raise NotFound(f"no job {job_id!r}: job ids are 1-128 characters of A-Z a-z 0-9 _ . -")
+    return namespaces.inside(namespaces.of_request(request), job_id)
+
+
+def _queue_filter(request: web.Request) -> str | None:
+    queue = request.query.get("queue")
+    if queue is None:
+        return None
+    if not jobspec.QUEUE_RE.match(queue):
+        raise InvalidRequest("queue must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    return namespaces.inside(namespaces.of_request(request), queue)
+
+
+def _in_namespace(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A parsed job spec with its id, queue and idempotency key in the namespace (the request's)."""
+    if "idempotency_key" in spec:
+        spec["idempotency_key"] = namespaces.key_inside(namespace, spec["idempotency_key"])
+    if namespace != namespaces.DEFAULT:
+        spec.update(job_id=namespaces.inside(namespace, spec["job_id"]),
+                    queue=namespaces.inside(namespace, spec.get("queue", jobspec.SPEC_DEFAULTS["queue"])))
+    return spec
+
+
+def _retained(node: Node, spec: dict[str, Any]) -> None:
+    """A create naming its retention needs entries that carry it; until its group writes
+    them, one that names none is created without (it never expires)."""
+    if spec.keys() & RETENTION:
+        node.require_entry_version(node.group_of_job(spec["job_id"]), ops.RETENTION_SINCE, "a job's retention")
+
+
+def _visible_run(node: Node, request: web.Request, run_id: str) -> tuple[Group, dict[str, Any]]:
+    """The run's group and record, if it exists in the request's namespace (404 otherwise)."""
+    group = node.group_of_run(run_id)
+    rec = None
+    if group is not None:
+        with node.read(group) as (txn, tables):
+            rec = records.get_run(records.Reader(txn, tables), run_id)
+    if group is None or rec is None or not namespaces.holds(namespaces.of_request(request), rec["job_id"]):
+        raise NotFound(f"no run {run_id!r}")
+    return group, rec
+
+
+async def _create(node: Node, creates: Coalescer, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Propose creates (concurrent requests share entries); results in the order of specs."""
+    by_group: dict[int, list[int]] = {}
+    for position, spec in enumerate(specs):
+        by_group.setdefault(node.group_of_job(spec["job_id"]).group_id, []).append(position)
+    out: list[dict[str, Any]] = [{}] * len(specs)
+    for group_id, positions in by_group.items():
+        results = await creates.submit(node.groups[group_id], [specs[p] for p in positions])
+        for position, r in zip(positions, results):
+            out[position] = r
+    return out
+
+
+async def _finish(node: Node, job_id: str, audit: dict[str, Any]) -> None:
+    """Cancel a job before its purge, unless it is cancelled, or completed with nothing
+    left to cancel (which a cancel refuses as a conflict)."""
+    state = _job_record(node, job_id)["state"]
+    if state == JobState.CANCELLED:
+        return
+    result = await node.propose(node.group_of_job(job_id), Op.CANCEL_JOB, {"job_id": job_id, "audit": audit})
+    if not result["ok"] and not (state == JobState.COMPLETED and result["code"] == "conflict"):
+        raise from_wire(result["code"], result["message"])
+
+
+async def _purge(node: Node, job_id: str, audit: dict[str, Any]) -> int:
+    """Propose purge entries until the job is gone (each deletes at most purge_runs_max
+    runs, and is audited); returns how many runs went."""
+    deleted = 0
+    while True:
+        result = await _job_command(node, Op.PURGE_JOB, job_id,
+                                    {"runs_max": node.config.limits.purge_runs_max, "audit": audit})
+        deleted += result["deleted_runs"]
+        if result["done"]:
+            return deleted
+
+
+async def _job_command(node: Node, op: Op, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    result = await node.propose(node.group_of_job(job_id), op, {"job_id": job_id, **payload})
+    if not result["ok"]:
+        raise from_wire(result["code"], result["message"])
+    return result
+
+
+def _dead_letter_cursor(raw: str | None) -> tuple[int, str] | None:
+    if raw is None:
+        return None
+    head, sep, run_id = raw.partition(":")
+    if not sep or not _TIME_CURSOR.fullmatch(head) or not RUN_ID_RE.fullmatch(run_id):
+        raise InvalidRequest("cursor must be a value returned as next_cursor")
+    return int(head), run_id
+
+
+def _job_record(node: Node, job_id: str) -> dict[str, Any]:
+    with node.read(node.group_of_job(job_id)) as (txn, tables):
+        rec = records.get_job(records.Reader(txn, tables), job_id)
+    if rec is None:
+        raise NotFound(f"no job {job_id!r}")
+    return rec
+
+
+def _job_view(node: Node, job_id: str, headers_shown: bool = True) -> dict[str, Any]:
+    return views.job(queries.as_seen(_job_record(node, job_id), node.now_us()), headers_shown)
+
+
+def _created_view(node: Node, result: dict[str, Any]) -> dict[str, Any]:
+    """The job a create made, as its entry stored it (reading it back cost a read txn and an
+    unpack per job on this node); one created earlier under the same idempotency key is read."""
+    job = result.get("job")
+    if job is None:
+        return _job_view(node, result["job_id"])
+    return views.job(queries.as_seen(job, node.now_us()))
+
+
+def _merge_cursor(jobs: list[dict[str, Any]], limit: int, cursors: list[str | None]) -> str | None:
+    """The page ends at the smallest id any group stopped at, so no group's jobs are skipped."""
+    stops = [c for c in cursors if c is not None]
+    if len(jobs) > limit:
+        stops.append(jobs[limit - 1]["job_id"])
+    return min(stops) if stops else None
+

@@ -1,0 +1,45 @@
+"""Every HTTP route of a node, in one table: method, path, handler. Each handler is a
+module-level function of api/, so it can be imported and tested alone; what it needs
+of the node it finds on the app (api/keys.py)."""
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from schedulerd.api import cluster, dashboard, jobs, preview, tasks
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("POST", "/v1/jobs", jobs.create),
+    ("POST", "/v1/jobs:batch", jobs.create_batch),
+    ("GET", "/v1/jobs", jobs.list_jobs),
+    ("GET", "/v1/jobs/{job_id}", jobs.get),
+    ("DELETE", "/v1/jobs/{job_id}", jobs.cancel),
+    ("PATCH", "/v1/jobs/{job_id}", jobs.update),
+    ("POST", "/v1/jobs/{job_id}/pause", jobs.pause),
+    ("POST", "/v1/jobs/{job_id}/resume", jobs.resume),
+    ("POST", "/v1/jobs/{job_id}/trigger", jobs.trigger),
+    ("GET", "/v1/jobs/{job_id}/runs", jobs.job_runs),
+    ("GET", "/v1/runs/{run_id}", jobs.get_run),
+    ("DELETE", "/v1/runs/{run_id}", jobs.discard),
+    ("POST", "/v1/runs/{run_id}/retry", jobs.redrive),
+    ("GET", "/v1/dead-letter", jobs.dead_letter_list),
+    ("POST", "/v1/tasks/poll", tasks.poll),
+    ("POST", "/v1/tasks/heartbeat", tasks.heartbeat_batch),
+    ("POST", "/v1/tasks/ack", tasks.ack_batch),
+    ("POST", "/v1/tasks/{run_id}/heartbeat", tasks.heartbeat_one),
+    ("POST", "/v1/tasks/{run_id}/ack", tasks.ack_one),
+    ("POST", "/v1/tasks/{run_id}/nack", tasks.nack),
+    ("GET", "/v1/preview", preview.preview),
+    ("GET", "/v1/cluster", cluster.cluster),
+    ("GET", "/v1/cluster/digest", cluster.digest),
+    ("GET", "/v1/queues", cluster.queues),
+    ("GET", "/v1/audit", cluster.audit_log),
+    ("GET", "/v1/openapi.json", cluster.openapi_document),
+    ("GET", "/healthz", cluster.healthz),
+    ("GET", "/readyz", cluster.readyz),
+    ("GET", "/metrics", cluster.metrics),
+    ("GET", "/ui", dashboard.page),
+]

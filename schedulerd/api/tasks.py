@@ -1,0 +1,202 @@
+"""The handlers of the worker routes: poll, heartbeat, ack, nack, single and batch (the
+table is api/routes.py)."""
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from schedulerd import auth, jobspec, namespaces, views
+from schedulerd.api import inputs
+from schedulerd.api.keys import COMMITS, LEASES, NODE
+from schedulerd.coalescer import Coalescer
+from schedulerd.errors import InvalidRequest, NotFound, from_wire
+from schedulerd.node import Node
+from schedulerd.raft.group import Group
+from schedulerd.storage import records
+from schedulerd.storage.ops import Op
+from schedulerd.timefmt import to_iso
+from schedulerd.units import US_PER_S
+
+# Appended to a run id outside the caller's namespace: no stored run has it, so apply answers not_found.
+HIDDEN = "~"
+
+
+async def poll(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    limits = node.config.limits
+    leases = request.app[LEASES]
+    data = await inputs.body(request)
+    worker_id = inputs.string(data, "worker_id", max_len=128)
+    queues = inputs.items(data, "queues", max_items=limits.poll_queues_max, limit_name="poll_queues_max")
+    if not all(isinstance(q, str) and jobspec.QUEUE_RE.fullmatch(q) for q in queues):
+        raise InvalidRequest("queues must be a list of queue names, each 1-64 characters of A-Z a-z 0-9 _ . -")
+    max_tasks = inputs.integer(data, "max_tasks", low=1, high=limits.lease_batch_max, default=1,
+                               limit_name="lease_batch_max")
+    wait_s = inputs.number(data, "wait_s", low=0, high=limits.long_poll_s_max, default=0,
+                           limit_name="long_poll_s_max")
+    namespace = namespaces.of_request(request)
+    tasks = await leases.poll(worker_id, [namespaces.inside(namespace, q) for q in dict.fromkeys(queues)],
+                              max_tasks, wait_s)
+    return web.Response(text=views.tasks_json(tasks, node.now_us()), content_type="application/json")
+
+
+async def heartbeat_one(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    commits = request.app[COMMITS]
+    data = await inputs.body(request)
+    result = (await _heartbeat(node, commits, inputs.string(data, "worker_id", max_len=128),
+                               _mine(node, request, [(request.match_info["run_id"], inputs.fence(data))])))[0]
+    if not result["ok"]:
+        raise from_wire(result["error"]["code"], result["error"]["message"])
+    return views.respond({"lease_until": result["lease_until"], "now": to_iso(node.now_us())})
+
+
+async def heartbeat_batch(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    limits = node.config.limits
+    commits = request.app[COMMITS]
+    data = await inputs.body(request)
+    worker_id = inputs.string(data, "worker_id", max_len=128)
+    raw = inputs.items(data, "leases", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
+    pairs = [(inputs.string(item, "run_id"), inputs.fence(item)) for item in _objects(raw, "leases")]
+    results = await _heartbeat(node, commits, worker_id, _mine(node, request, pairs))
+    return views.respond({"results": results, "now": to_iso(node.now_us())})
+
+
+async def ack_one(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    limits = node.config.limits
+    commits = request.app[COMMITS]
+    data = await inputs.body(request)
+    item = (request.match_info["run_id"], inputs.fence(data), inputs.result_json(data, limits.result_bytes_max))
+    result = (await _ack(node, commits, inputs.string(data, "worker_id", max_len=128),
+                         _mine(node, request, [item])))[0]
+    if not result["ok"]:
+        raise from_wire(result["error"]["code"], result["error"]["message"])
+    return views.respond({"run": result["run"]})
+
+
+async def ack_batch(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    limits = node.config.limits
+    commits = request.app[COMMITS]
+    data = await inputs.body(request)
+    worker_id = inputs.string(data, "worker_id", max_len=128)
+    raw = inputs.items(data, "acks", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
+    acks = [(inputs.string(item, "run_id"), inputs.fence(item), inputs.result_json(item, limits.result_bytes_max))
+            for item in _objects(raw, "acks")]
+    results = await _ack(node, commits, worker_id, _mine(node, request, acks), with_runs=False)
+    return views.respond({"results": results})
+
+
+async def nack(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    limits = node.config.limits
+    data = await inputs.body(request)
+    run_id = _mine(node, request, [(request.match_info["run_id"],)])[0][0]
+    error = data.get("error", "")
+    if not isinstance(error, str):
+        raise InvalidRequest("error must be a string")
+    group = _group(node, run_id)
+    result = await node.propose(group, Op.NACK, {
+        "worker_id": inputs.string(data, "worker_id", max_len=128), "run_id": run_id,
+        "fence": inputs.fence(data), "error": error[: limits.error_chars_max] or "nack without error text"})
+    if not result["ok"]:
+        raise from_wire(result["code"], result["message"])
+    return views.respond({"run": views.run(result["run"])})
+
+
+def _objects(raw: list[Any], name: str) -> list[dict[str, Any]]:
+    if not all(isinstance(item, dict) for item in raw):
+        raise InvalidRequest(f"each item of {name} must be an object")
+    return raw
+
+
+def _group(node: Node, run_id: str) -> Group:
+    group = node.group_of_run(run_id)
+    if group is None:
+        raise NotFound(f"no run {run_id!r}")
+    return group
+
+
+def _mine(node: Node, request: web.Request, items: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The items (run id first) with the run id of any run outside the request's namespace
+    replaced by one that does not exist: the caller hears not_found, as for a wrong guess.
+    A token for every namespace skips the reads: it could act in any of them anyway."""
+    namespace = namespaces.of_request(request)  # read first: a malformed header is refused on every path
+    principal = request.get(auth.PRINCIPAL)
+    if not isinstance(principal, auth.Principal) or auth.ALL_NAMESPACES in principal.namespaces:
+        return items
+    out = []
+    for item in items:
+        group = node.group_of_run(item[0])
+        rec = None
+        if group is not None:
+            with node.read(group) as (txn, tables):
+                rec = records.get_run(records.Reader(txn, tables), item[0])
+        if rec is not None and not namespaces.holds(namespace, rec["job_id"]):
+            item = (f"{item[0]}{HIDDEN}", *item[1:])
+        out.append(item)
+    return out
+
+
+def _by_group(node: Node, items: list[tuple[Any, ...]], out: list[dict[str, Any]]) -> dict[int, list[int]]:
+    """Positions of items per group (the first field of an item is its run id). An item
+    whose run id no run can have gets its not_found result in `out` at once."""
+    groups: dict[int, list[int]] = {}
+    for position, item in enumerate(items):
+        group = node.group_of_run(item[0])
+        if group is None:
+            out[position] = {"run_id": item[0], "ok": False,
+                             "error": {"code": NotFound.code, "message": f"no run {item[0]!r}"}}
+        else:
+            groups.setdefault(group.group_id, []).append(position)
+    return groups
+
+
+def _item_result(r: dict[str, Any]) -> dict[str, Any]:
+    if r["ok"]:
+        return {"run_id": r["run_id"], "ok": True}
+    return {"run_id": r["run_id"], "ok": False, "error": {"code": r["code"], "message": r["message"]}}
+
+
+class TaskCommits:
+    """Acks and heartbeats of all workers on this node, coalesced into Raft entries."""
+
+    def __init__(self, node: Node) -> None:
+        def lease_extension() -> dict[str, Any]:
+            now = node.now_us()
+            return {"now": now, "lease_until": now + int(node.config.lease_s * US_PER_S)}
+
+        limits = node.config.limits
+        batch = limits.ack_entry_weight_max
+        self.acks = Coalescer(node.propose, Op.ACK, "acks", "results", batch,
+                              weight=lambda ack: 1 + len(ack[2] or "") // limits.ack_weight_bytes)
+        self.heartbeats = Coalescer(node.propose, Op.HEARTBEAT, "leases", "results", batch, lease_extension)
+
+
+async def _heartbeat(node: Node, commits: TaskCommits, worker_id: str,
+                     pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{}] * len(pairs)
+    for group_id, positions in _by_group(node, pairs, out).items():
+        results = await commits.heartbeats.submit(node.groups[group_id],
+                                                  [[*pairs[p], worker_id] for p in positions])
+        for position, r in zip(positions, results):
+            out[position] = _item_result(r)
+            if r["ok"]:
+                out[position]["lease_until"] = to_iso(r["lease_until_us"])
+    return out
+
+
+async def _ack(node: Node, commits: TaskCommits, worker_id: str, acks: list[tuple[str, int, str | None]],
+               with_runs: bool = True) -> list[dict[str, Any]]:
+    """Per ack its result; with_runs adds the acked run's view (the batch route answers without)."""
+    out: list[dict[str, Any]] = [{}] * len(acks)
+    for group_id, positions in _by_group(node, acks, out).items():
+        results = await commits.acks.submit(node.groups[group_id], [[*acks[p], worker_id] for p in positions])
+        for position, r in zip(positions, results):
+            out[position] = _item_result(r)
+            if r["ok"] and with_runs:
+                out[position]["run"] = views.run(r["run"])
+    return out
