@@ -14,6 +14,7 @@ import pytest
 from schedulerd import archive
 from schedulerd.errors import NotFound
 from schedulerd.sdk.client import Client
+from schedulerd.storage import ops
 from tests.integration.harness import ROOT, Cluster, http, recording_worker, running, wait_until
 
 pytestmark = pytest.mark.integration
@@ -101,6 +102,10 @@ def test_the_sweep_archives_before_it_deletes_even_across_a_leader_kill(tmp_path
         node.extra_args += ["--archive-dir", str(folder)]
     cluster.start()
     try:
+        # A new cluster writes the floor entry version until its leader has heard every voter,
+        # and a job created at it carries no TTL (docs/operations.md, "Retention").
+        wait_until(lambda: all(n.get("/v1/cluster")[1]["groups"][0]["entry_version"] >= ops.RETENTION_SINCE
+                               for n in cluster.nodes), 10, "every node to write the retention entry version")
         client = Client(cluster.urls, timeout_s=20)
         client.create_jobs([{"job_id": f"j{i}", "schedule": {"at": now_iso()}, "queue": "work"} for i in range(JOBS)])
         worker, executions = recording_worker(cluster.urls, "work")
