@@ -59,7 +59,7 @@ class RaftConfig:
     # Start the kernel writing back the store's dirty pages this often (0: leave them to
     # the kernel, which writes them ~30 s after they were dirtied, hundreds of MB at once,
     # and stalls every journal fsync behind them; raft/writeback.py). Shorter writes
-    # more: LMDB rewrites its hot pages every commit, and each round writes them again.
+    # more: LMDB rewrites its hot pages every commit, and each call writes them again.
     # At 10,000 jobs/s, 5 s wrote 1.34x the bytes of the kernel's 30 s.
     lmdb_writeback_s: float = 5.0
     # Shared cluster secret: pysyncobj derives a Fernet key (AES + HMAC) from it and

@@ -110,7 +110,7 @@ def file_dirty_bytes(path: str) -> int | None:
         return stat.nr_dirty * _PAGE_BYTES
 
 
-# A round asks for writeback only once the store's file has gained this many dirty
+# A check asks for writeback only once the store's file has gained this many dirty
 # bytes: at 10,000 jobs/s a store dirties 50-70 MB per 5 s and the kernel's 30 s burst
 # stalls the journals; at 300 jobs/s it dirties ~2 MB, a burst too small to matter, and
 # pacing would only write its hot pages six times as often.
@@ -122,7 +122,7 @@ DIRTY_MIN_BYTES = 64 << 20
 
 class WritebackPacer:
     """Every `period_s`, from a daemon thread, calls `start_writeback` on one file when
-    it dirtied `growth_min` bytes or more since the last round; where the kernel cannot
+    it dirtied `growth_min` bytes or more since its previous call; where the kernel cannot
     tell a file's dirty bytes, when the box holds `dirty_min` or more. The file is opened
     afresh each time: a snapshot restore replaces it."""
 
@@ -149,9 +149,9 @@ class WritebackPacer:
             self._thread.join()
 
     def _run(self) -> None:
-        # After a round's call, read again, once the pages it started are no longer dirty:
-        # the next reading's excess is what commits dirtied since. A flush by the kernel in
-        # between reads as no growth, and the round is skipped.
+        # After a call to start writeback, read again, once the pages it started are no
+        # longer dirty: the next reading's excess is what commits dirtied since. A flush by
+        # the kernel in between reads as no growth, and that check asks for none.
         last = file_dirty_bytes(self.path)
         while not self._stop.wait(self.period_s):
             self.checks += 1

@@ -39,6 +39,8 @@ class Sweeper:
                     pause = full_batch_pause_s
             except (SchedulerError, OSError) as exc:
                 log.warning("sweep_failed group=%d error=%s", group.group_id, exc)
+            except Exception:  # a bug here must not end retention silently: say it, try again
+                log.exception("sweep_failed group=%d", group.group_id)
             await asyncio.sleep(pause)
 
     async def sweep(self, group: Group) -> bool:

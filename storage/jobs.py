@@ -48,9 +48,11 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             raw = ctx.txn.get(keys.idempotency_key(idem), db=ctx.tables.idempotency)
             if raw is not None:
                 first_id, first_hash = codec.unpack(raw)
-                reused = records.rejected("conflict", f"idempotency key {idem!r} was used for a different request")
-                results.append({"job_id": first_id, "ok": True, "existing": True} if first_hash == spec["request_hash"]
-                               else {"job_id": job_id, **reused})
+                if first_hash == spec["request_hash"]:
+                    results.append({"job_id": first_id, "ok": True, "existing": True})
+                else:
+                    results.append({"job_id": job_id, **records.rejected(
+                        "conflict", f"idempotency key {idem!r} was used for a different request")})
                 continue
         if records.job_exists(ctx, job_id):
             results.append({"job_id": job_id, **records.rejected("conflict", f"job {job_id!r} already exists")})

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import version
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from schedulerd import auth, views
 from schedulerd.api import exposure, inputs, jobs, openapi, routes, tasks
 from schedulerd.api.keys import COMMITS, CREATES, LEASES, METRICS, NODE, SPEC
+from schedulerd.api.routes import Handler
 from schedulerd.auth import TokenFile
 from schedulerd.errors import SchedulerError, status_of
 from schedulerd.lease_queue import LeaseQueue
@@ -20,7 +21,6 @@ from schedulerd.node import Node
 
 log = logging.getLogger("schedulerd.api")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RETRY_AFTER_S = "1"
 
 

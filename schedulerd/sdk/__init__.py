@@ -7,6 +7,7 @@ aiohttp, not LMDB (tests/unit/test_sdk_boundary.py holds it to that). The names 
 loaded on first use, so `schedctl`, which needs only the client, starts without aiohttp."""
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = ["Client", "Task", "Worker"]
@@ -17,5 +18,4 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'schedulerd.sdk' has no attribute {name!r}")
-    import importlib
     return getattr(importlib.import_module(home), name)
