@@ -24,33 +24,33 @@ READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
 # version's rules expect; raising the floor drops the older writers and is said in the
 # release notes ("upgrade from release X or later").
 VERSION_FLOOR = 6
-# Since 2 (2026-11-30): a pause or an update withdraws the runs claimed ahead of their
+# Since 2: a pause or an update withdraws the runs claimed ahead of their
 # time (claims.withdraw_ahead); a claim ahead of its time that the overlap rule would
 # skip is deferred.
 AHEAD_RULES_SINCE = 2
-# Since 3 (2026-12-01): a create entry may carry claim_ahead_us and grace_us, and then
+# Since 3: a create entry may carry claim_ahead_us and grace_us, and then
 # claims the first occurrence of each job it creates that is due within them
 # (claims.claim_created).
 CLAIM_AT_CREATE_SINCE = 3
-# Since 4 (2026-12-01): a one-off job's run counts are not stored unless it is triggered;
+# Since 4: a one-off job's run counts are not stored unless it is triggered;
 # they are counted from its runs when a rule asks (records.job_stats, claims._keeps_stats).
 STATS_KEPT_SINCE = 4
-# Since 5 (2026-12-03): a create entry's jobs carry only the fields their request gave;
+# Since 5: a create entry's jobs carry only the fields their request gave;
 # apply fills in the others from jobs.SPEC_DEFAULTS.
 SPEC_DEFAULTS_SINCE = 5
-# Since 6 (2026-12-03): an update's backoff may carry only some of its parts; apply
+# Since 6: an update's backoff may carry only some of its parts; apply
 # completes them from the job's backoff as stored, and refuses a result whose max_ms is
 # below its base_ms (jobs.update_job).
 BACKOFF_PARTS_SINCE = 6
-# Since 7 (2026-12-03): a cancel of a completed one-off whose run is still running
+# Since 7: a cancel of a completed one-off whose run is still running
 # cancels the job (before, a conflict), so that run is not retried if its attempt fails
 # (jobs.cancel_job).
 CANCEL_RUNNING_SINCE = 7
-# Since 8 (2026-12-03): a re-drive of a dead letter whose job was cancelled is refused
+# Since 8: a re-drive of a dead letter whose job was cancelled is refused
 # (leases.redrive); before, it ran after the job's DELETE. And history pruning starts
 # after the dead letters at the head of a job's runs (records.prune_history).
 REDRIVE_CANCELLED_SINCE = PRUNE_PAST_DEAD_SINCE = 8
-# Since 9 (2026-12-04): every occurrence due before a command has a record.
+# Since 9: every occurrence due before a command has a record.
 # - A catch-up whose scan window holds too many occurrences narrows it (catchup.missed,
 #   exact); before, the scan stopped part-way and fired the wrong "latest" occurrence.
 # - A pause of a repeating job, or a PATCH of its schedule, records the occurrences
@@ -60,12 +60,12 @@ REDRIVE_CANCELLED_SINCE = PRUNE_PAST_DEAD_SINCE = 8
 #   missed occurrence (misfire policy, starting deadline) with its own scheduled time
 #   and idempotency key; before, it fired with the resume's time.
 OVERDUE_RECORDED_SINCE = 9
-# Since 10 (2026-12-04): apply stores job and run records of the usual keys as arrays
+# Since 10: apply stores job and run records of the usual keys as arrays
 # (storage/layouts.py), in ~40% of the bytes their maps took. No rule changes; the gate keeps
 # every replica writing the same bytes for an entry, and keeps array records out of
 # any store an older build reads (snapshots included) until every voter reads them.
 ARRAY_RECORDS_SINCE = 10
-# Since 11 (2026-12-06): retention (storage/retention.py).
+# Since 11: retention (storage/retention.py).
 # - A job that is completed or cancelled can be purged with its runs (PURGE_JOB) and a dead
 #   letter discarded (DISCARD_RUN), so a job id can be created again.
 # - A job carries finished_ttl_us, history_ttl_us and keep_dead_letters; a job entering a

@@ -2,10 +2,20 @@
 refuses a pysyncobj it was not written against."""
 from __future__ import annotations
 
+import hashlib
 import pathlib
 import re
 import subprocess
 import sys
+from typing import Any, Callable, Iterator
+
+import pysyncobj.pickle
+import pytest
+from pysyncobj import FAIL_REASON
+
+from schedulerd.raft import journal, pysyncobj_patches
+from schedulerd.storage import ops
+from tests.pysyncobj_net import Net, Replica, conf
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # pysyncobj's private names, as Python mangles them.
@@ -33,3 +43,332 @@ def test_another_pysyncobj_version_is_refused_at_import() -> None:
     assert out.returncode != 0
     assert "patches pysyncobj 0.3.17's internals, and pysyncobj 0.3.18 is installed" in out.stderr
     assert "install pysyncobj==0.3.17" in out.stderr
+
+
+# Each patch below is shown against a cluster of real SyncObjs on a hand-driven network
+# (tests/pysyncobj_net.py): the test replays the interleaving that shows the misbehaviour,
+# once without the patch (where it must show) and once with it (where it must not). If an
+# upgraded pysyncobj fixed one, its unpatched half fails and says which patch may go.
+
+def _cluster(patch: Callable[[Replica], None] | None, **settings: Any) -> tuple[Net, list[Replica]]:
+    net = Net()
+    replicas = net.start(["n1:1", "n2:1", "n3:1"], lambda addr: conf(**settings))
+    for replica in replicas if patch is not None else ():
+        patch(replica)
+    return net, replicas
+
+
+@pytest.fixture
+def nets() -> Iterator[list[Net]]:
+    made: list[Net] = []
+    yield made
+    for net in made:
+        net.close()
+
+
+def test_entries_cross_the_wire_as_bytes_not_through_codecs() -> None:
+    probe = ("import pysyncobj.pickle\n"
+             "print(b'_codecs' in pysyncobj.pickle.dumps({'entries': [b'job']}))\n")
+    unpatched = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert unpatched.stdout.strip() == "True"  # protocol 2: a latin-1 str, decoded on every read
+    pysyncobj_patches.use_pickle_protocol()
+    assert b"_codecs" not in pysyncobj.pickle.dumps({"entries": [b"job"]})
+
+
+def _followers_told_before_leader_applies(nets: list[Net], patched: bool) -> bool:
+    """Whether, at the moment the leader applies an entry, its followers were already sent
+    a commit index covering it (schedulerd's _Replica announces before it applies)."""
+    net, (leader, *followers) = _cluster(None)
+    nets.append(net)
+    net.elect(leader)
+    net.settle(2)
+    told_at_apply: list[bool] = []
+
+    def announce() -> None:
+        if patched:
+            pysyncobj_patches.send_append_entries(leader)
+        index = leader.raftLastApplied + 1
+        told_at_apply.append(all(
+            any(m["type"] == "append_entries" and m["commit_index"] >= index for s, d, m in net.sent[start:]
+                if d == f.selfNode.address) for f in followers))
+
+    leader.before_apply = announce
+    leader.add("job")
+    net.tick(leader)  # appends and sends the entry
+    start = len(net.sent)
+    net.deliver()  # followers append and ack
+    net.tick(leader)  # commits and applies
+    return told_at_apply == [True]
+
+
+def test_a_leader_tells_followers_of_a_commit_before_it_applies_it(nets: list[Net]) -> None:
+    assert not _followers_told_before_leader_applies(nets, patched=False)
+    assert _followers_told_before_leader_applies(nets, patched=True)
+
+
+def _stale_follower_catches_up(nets: list[Net], patch: Callable[[Replica], None] | None) -> bool:
+    """A cut-off leader holding uncommitted entries rejoins a cluster whose new leader sends
+    several small batches per heartbeat: does it catch up within 30 heartbeats?"""
+    net, (a, b, c) = _cluster(patch, appendEntriesBatchSizeBytes=64)
+    nets.append(net)
+    net.elect(a)
+    for i in range(3):
+        a.add(("a", i))
+    net.settle(3)
+    net.cut.add("n1:1")
+    for i in range(10):
+        a.add(("stale", i))
+    net.tick(a, times=2)
+    net.elect(b)
+    for i in range(30):
+        b.add(("b", i))
+    net.settle(3)
+    net.cut.clear()
+    for _ in range(30):
+        pysyncobj_patches.send_append_entries(b)  # a heartbeat
+        net.tick(b)
+        net.deliver()
+        net.tick(a)
+        net.deliver()
+    return a.applied == b.applied == [("a", 0), ("a", 1), ("a", 2)] + [("b", i) for i in range(30)]
+
+
+def test_a_follower_with_a_stale_suffix_catches_up(nets: list[Net]) -> None:
+    assert not _stale_follower_catches_up(nets, None)
+    assert _stale_follower_catches_up(nets, pysyncobj_patches.backtrack_to_commit_index)
+
+
+def _entries_sent_to_a_follower(nets: list[Net], patch: Callable[[Replica], None] | None) -> list[int]:
+    """The leader sends five entries, one per tick; the follower's acks reach it one at a
+    time, the leader ticking between them. Which entry indexes does the follower get?"""
+    net, (leader, follower, other) = _cluster(patch)
+    nets.append(net)
+    net.elect(leader)
+    net.settle(2)
+    start = len(net.sent)
+    for i in range(5):
+        leader.add(i)
+        net.tick(leader)
+    to_followers = lambda src, dst, message: dst != "n1:1"  # noqa: E731
+    net.deliver(only=to_followers)
+    net.tick(follower, other)
+    while net.deliver(1, only=lambda src, dst, message: dst == "n1:1"):
+        net.tick(leader)
+        net.deliver(only=to_followers)
+        net.tick(follower, other)
+    net.settle(3)
+    assert follower.applied == leader.applied == [0, 1, 2, 3, 4]
+    return [entry[1] for src, dst, m in net.sent[start:]
+            if dst == "n2:1" and m["type"] == "append_entries" for entry in m.get("entries", [])]
+
+
+def test_a_late_ack_does_not_make_the_leader_resend(nets: list[Net]) -> None:
+    unpatched = _entries_sent_to_a_follower(nets, None)
+    assert len(unpatched) > len(set(unpatched))  # entries the follower already had, sent again
+    patched = _entries_sent_to_a_follower(nets, pysyncobj_patches.keep_next_index_on_late_acks)
+    assert sorted(patched) == sorted(set(patched)) == list(range(patched[0], patched[0] + 5))
+
+
+def _cut_off_leader_applies(nets: list[Net], patch: Callable[[Replica], None] | None) -> list[Any]:
+    """A cut-off leader appends entries nobody else has; the new leader compacts its log,
+    so the old one is sent a snapshot, a piece at a time. What did the old leader apply?"""
+    net, (a, b, c) = _cluster(patch, logCompactionBatchSize=50)
+    nets.append(net)
+    net.elect(a)
+    for i in range(3):
+        a.add(("a", i))
+    net.settle(3)
+    net.cut.add("n1:1")
+    for i in range(4):
+        a.add(("uncommitted", i))
+    net.tick(a, times=2)
+    net.elect(b)
+    for i in range(10):
+        b.add(("b", i))
+    net.settle(3)
+    b.forceLogCompaction()
+    net.tick(b, times=3)
+    net.cut.clear()
+    for _ in range(30):
+        pysyncobj_patches.send_append_entries(b)
+        net.tick(b)
+        while net.deliver(1):
+            net.tick(a)
+    assert a.applied == b.applied  # the snapshot installed either way
+    return a.seen
+
+
+def test_a_snapshot_piece_does_not_commit_a_followers_stale_entries(nets: list[Net]) -> None:
+    assert ("uncommitted", 0) in _cut_off_leader_applies(nets, None)
+    seen = _cut_off_leader_applies(nets, pysyncobj_patches.commit_only_what_matched)
+    assert not any(item[0] == "uncommitted" for item in seen)
+
+
+def _vetted(nets: list[Net], patched: bool) -> tuple[list[Any], list[Any]]:
+    """A leader whose cluster writes entry version VERSION is given one entry of that
+    version and one newer, the second forwarded by a follower: what was applied, and
+    what did the proposers hear?"""
+    net, (leader, follower, other) = _cluster(None)
+    nets.append(net)
+    if patched:
+        stamp = lambda blob, now_us: blob + b"@%d" % now_us  # noqa: E731
+        pysyncobj_patches.vet_as_leader_appends(leader, stamp, lambda: 1_000, lambda: ops.VERSION)
+    net.elect(leader)
+    net.settle(2)
+    answers: list[Any] = []
+    current = ops.encode(ops.Op.CREATE_JOBS, {"jobs": []})
+    newer = ops.encode(ops.Op.CREATE_JOBS, {"jobs": []}, version=ops.VERSION + 1)
+    leader.add(current, callback=lambda result, error: answers.append(error))
+    follower.add(newer, callback=lambda result, error: answers.append(error))
+    net.settle(5)
+    assert other.applied == leader.applied
+    return other.applied, answers
+
+
+def test_the_leader_refuses_an_entry_newer_than_the_cluster_writes_and_stamps_the_rest(nets: list[Net]) -> None:
+    current = ops.encode(ops.Op.CREATE_JOBS, {"jobs": []})
+    newer = ops.encode(ops.Op.CREATE_JOBS, {"jobs": []}, version=ops.VERSION + 1)
+    applied, answers = _vetted(nets, patched=False)
+    assert applied == [current, newer]  # a voter of the older version would stop on it
+    applied, answers = _vetted(nets, patched=True)
+    assert applied == [current + b"@1000"]
+    assert sorted(answers) == sorted([FAIL_REASON.SUCCESS, FAIL_REASON.REQUEST_DENIED])
+
+
+def _acks_of_unsynced_entries(nets: list[Net], tmp_path: pathlib.Path, patched: bool) -> list[str]:
+    """Every moment a node counted or reported an entry its journal had not fsynced."""
+    journal.install()
+    net = Net()
+    nets.append(net)
+    replicas = net.start(["n1:1", "n2:1", "n3:1"],
+                         lambda addr: conf(journalFile=str(tmp_path / f"{patched}-{addr[:2]}.journal")))
+    unsynced: list[str] = []
+    for replica in replicas:
+        log_ = pysyncobj_patches.raft_log(replica)
+        link = net.link(replica)
+        send = link.send
+
+        def checked_send(node: Any, message: dict[str, Any], log_: Any = log_, send: Any = send,
+                         name: str = replica.selfNode.address) -> bool:
+            if message["type"] == "next_node_idx" and message["success"] \
+                    and message["next_node_idx"] - 1 > log_.durable_index:
+                unsynced.append(f"{name} acked {message['next_node_idx'] - 1}, durable {log_.durable_index}")
+            return send(node, message)
+
+        link.send = checked_send
+        if patched:
+            pysyncobj_patches.make_durable(replica, log_)
+    leader = replicas[0]
+    net.elect(leader)
+    for i in range(5):
+        leader.add(i)
+        net.tick(leader)
+        net.deliver()
+        net.tick(leader)
+        if leader.raftCommitIndex > pysyncobj_patches.raft_log(leader).durable_index:
+            unsynced.append(f"leader committed {leader.raftCommitIndex}, "
+                            f"durable {pysyncobj_patches.raft_log(leader).durable_index}")
+    net.settle(3)
+    assert all(r.applied == [0, 1, 2, 3, 4] for r in replicas)
+    return unsynced
+
+
+def test_no_node_counts_or_acks_an_entry_before_it_is_fsynced(nets: list[Net], tmp_path: pathlib.Path) -> None:
+    assert _acks_of_unsynced_entries(nets, tmp_path, patched=False) != []
+    assert _acks_of_unsynced_entries(nets, tmp_path, patched=True) == []
+
+
+def _snapshot_to_a_wiped_follower(nets: list[Net], patched: bool) -> tuple[Net, Replica, Replica]:
+    """A leader whose log was compacted, and a follower that has none of it: the leader
+    must send it the snapshot, 200 bytes a piece. A leader's send loop ends after an
+    append period when it has nothing to hand out, so the period is short here."""
+    net, (leader, follower, other) = _cluster(None, logCompactionBatchSize=200, appendEntriesPeriod=0.005)
+    nets.append(net)
+    if patched:
+        pysyncobj_patches.pace_snapshot_sends(leader, 400, 0.001)
+        pysyncobj_patches.answer_snapshot_pieces(follower)
+    net.cut.add("n2:1")
+    net.elect(leader)
+    for i in range(100):
+        leader.add(("job", i, hashlib.sha256(b"%d" % i).hexdigest()))  # hardly compressible
+    net.settle(3)
+    leader.forceLogCompaction()
+    net.tick(leader, times=3)
+    net.cut.clear()
+    pysyncobj_patches.send_append_entries(leader)
+    net.deliver()  # the follower's answer tells the leader how far behind it is
+    return net, leader, follower
+
+
+def _queued_to_follower(nets: list[Net], patched: bool) -> int:
+    """The most snapshot bytes ever waiting to go to a follower that reads nothing."""
+    net, leader, follower = _snapshot_to_a_wiped_follower(nets, patched)
+    most = 0
+    for _ in range(5):
+        pysyncobj_patches.send_append_entries(leader)
+        net.tick(leader)
+        pieces = [m["serialized"][0] for src, dst, m in net.in_flight() if dst == "n2:1" and m.get("serialized")]
+        most = max(most, sum(len(data) for data in pieces))
+    return most
+
+
+def test_a_leader_queues_a_snapshot_no_faster_than_the_follower_reads(nets: list[Net]) -> None:
+    assert _queued_to_follower(nets, patched=False) > 5_000  # the whole snapshot, at once
+    assert _queued_to_follower(nets, patched=True) <= 400  # the window: two pieces
+
+
+def _answers_during_transfer(nets: list[Net], patched: bool) -> tuple[int, int]:
+    """The pieces a follower was sent, and how many times it answered before it had them all."""
+    net, leader, follower = _snapshot_to_a_wiped_follower(nets, patched)
+    start = len(net.sent)
+    for _ in range(100):
+        pysyncobj_patches.send_append_entries(leader)
+        net.tick(leader)
+        net.deliver()
+        net.tick(follower)
+        if follower.applied == leader.applied:
+            break
+    assert follower.applied == leader.applied
+    sent = net.sent[start:]
+    pieces = sum(1 for src, dst, m in sent if dst == "n2:1" and m.get("serialized"))
+    answers = sum(1 for src, dst, m in sent
+                  if src == "n2:1" and m["type"] == "next_node_idx" and not m["success"] and not m["reset"])
+    return pieces, answers
+
+
+def test_a_follower_answers_every_snapshot_piece(nets: list[Net]) -> None:
+    pieces, answers = _answers_during_transfer(nets, patched=False)
+    assert pieces > 10 and answers == 0  # silent until the end: a leader drops such a connection
+    pieces, answers = _answers_during_transfer(nets, patched=True)
+    assert pieces > 10 and answers == pieces - 1
+
+
+def _first_piece_after_regaining_leadership(nets: list[Net], patched: bool) -> bool:
+    """A leader sends a follower part of a snapshot, loses leadership to another node and
+    wins it back: is the next piece it sends the first of the file?"""
+    net, leader, follower = _snapshot_to_a_wiped_follower(nets, True)  # paced: a transfer takes ticks
+    other = net.replicas["n3:1"]
+    if patched:
+        seen = [leader._getLeader()]
+
+        def watch_leader() -> None:  # what raft/group.py does on every tick
+            if leader._getLeader() != seen[0]:
+                pysyncobj_patches.forget_snapshot_transfers(leader)
+                seen[0] = leader._getLeader()
+
+        leader.addOnTickCallback(watch_leader)
+    pysyncobj_patches.send_append_entries(leader)  # the first pieces go out
+    assert any(m.get("serialized") for src, dst, m in net.in_flight() if dst == "n2:1")
+    net.flight.clear()  # and are lost with the connection
+    net.elect(other)
+    net.tick(leader)
+    net.elect(leader)
+    start = len(net.sent)
+    pysyncobj_patches.send_append_entries(leader)
+    pieces = [m["serialized"] for src, dst, m in net.sent[start:] if dst == "n2:1" and m.get("serialized")]
+    return pieces[0][1]  # (data, is_first, is_last)
+
+
+def test_a_new_term_starts_a_snapshot_transfer_from_its_first_piece(nets: list[Net]) -> None:
+    assert not _first_piece_after_regaining_leadership(nets, patched=False)
+    assert _first_piece_after_regaining_leadership(nets, patched=True)
