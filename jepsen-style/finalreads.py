@@ -12,6 +12,7 @@ from cluster import Cluster
 
 PAGE = 1000
 OPEN_RUN_STATES = {"queued", "running", "retry_wait"}
+SETTLE_POLL_S = 0.5
 
 
 def list_jobs(url: str) -> list[dict[str, Any]]:
@@ -45,9 +46,10 @@ def job_runs(url: str, job_id: str) -> list[dict[str, Any]]:
 
 
 def open_runs(url: str, finished: set[str]) -> int:
-    """Runs not yet finished (queued, running, waiting for a retry), on one node. A job
-    that is completed or cancelled and has no open run cannot change any more: it
-    goes into `finished` and is not read again (a long soak has thousands)."""
+    """Work not yet done, on one node: runs not yet finished (queued, running, waiting for
+    a retry), and one-off jobs still active with none open (due, but not yet claimed). A
+    job that is completed or cancelled and has no open run cannot change any more: it goes
+    into `finished` and is not read again (a long soak has thousands)."""
     count = 0
     for job in list_jobs(url):
         if job["job_id"] in finished:
@@ -55,12 +57,14 @@ def open_runs(url: str, finished: set[str]) -> int:
         n = sum(1 for run in job_runs(url, job["job_id"]) if run["state"] in OPEN_RUN_STATES)
         if n == 0 and job["state"] in ("completed", "cancelled"):
             finished.add(job["job_id"])
+        elif n == 0 and job["state"] == "active" and "at" in job["schedule"]:
+            n = 1
         count += n
     return count
 
 
 def settle(cluster: Cluster, timeout_s: float) -> dict[str, Any]:
-    """Wait until the leader's replica has no open run (redeliveries done), or the deadline."""
+    """Wait until the leader's replica has no open work (redeliveries done), or the deadline."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     finished: set[str] = set()
@@ -73,7 +77,7 @@ def settle(cluster: Cluster, timeout_s: float) -> dict[str, Any]:
                     return {"settled": True, "open_runs": 0}
             except RuntimeError as exc:
                 last = str(exc)
-        time.sleep(2.0)
+        time.sleep(SETTLE_POLL_S)
     return {"settled": False, "open_runs": last}
 
 

@@ -26,7 +26,7 @@ from workload import Workload
 
 READY_WAIT_S = 120.0  # a loaded 2-core box can take long to start three Python daemons
 HEAL_S = 5.0  # clients keep writing after the last heal: recovery shows in the figures
-QUIESCE_MARGIN_S = 10.0
+QUIESCE_MARGIN_S = 1.0  # past the last due time; settle then waits for the work itself
 SETTLE_WAIT_S = 120.0
 CONVERGE_WAIT_S = 90.0
 NEMESIS_OVERRUN_S = 240.0  # the plan may run past --duration (leader waits, every kind once)
@@ -106,7 +106,7 @@ class Run:
         self.log("quiesce")
         last_due = max((parse_us(c["schedule"]["at"]) / 1e6 for c in self.history.of("create")
                         if "at" in c["schedule"]), default=time.time())
-        until = last_due + self.args.lease_s + QUIESCE_MARGIN_S
+        until = last_due + QUIESCE_MARGIN_S
         while time.time() < until:
             time.sleep(min(1.0, until - time.time()))
         self.meta["settle"] = finalreads.settle(self.cluster, SETTLE_WAIT_S)

@@ -17,6 +17,9 @@ pytestmark = pytest.mark.integration
 
 EXAMPLES_PER_OPERATION = 30
 SEED = 44
+# Two at a time keeps both cores busy (the node batches concurrent writes into one fsync):
+# the same ~2,800 cases in 18 s instead of 31.
+WORKERS = 2
 # Long polls would each hold a worker for long_poll_s_max when no task is due.
 NODE_ARGS = ["--limit", "long_poll_s_max=1"]
 # Every check runs (the CLI's --checks all would override these lines), except where one says why not.
@@ -46,7 +49,7 @@ def schemathesis(tmp_path: pathlib.Path, url: str, *extra: str) -> None:
     st = shutil.which("schemathesis") or os.path.join(os.path.dirname(sys.executable), "schemathesis")
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
-    args = [st, "--config-file", str(config), "--no-color", "run", f"{url}/v1/openapi.json", "--max-examples", str(EXAMPLES_PER_OPERATION), "--seed", str(SEED), "--workers", "1",
+    args = [st, "--config-file", str(config), "--no-color", "run", f"{url}/v1/openapi.json", "--max-examples", str(EXAMPLES_PER_OPERATION), "--seed", str(SEED), "--workers", str(WORKERS),
             "--generation-database", "none", "--report-dir", str(tmp_path / "report"), *extra]
     done = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-20000:] + done.stderr[-5000:]
