@@ -18,7 +18,7 @@ as unmeasured."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from schedulerd.units import US_PER_S
 
@@ -50,6 +50,11 @@ class PeerClocks:
     def heard_append(self, message: dict[str, Any]) -> None:
         if CLUSTER_CLOCK in message:
             self._told = (message[CLUSTER_CLOCK], time.monotonic())
+
+    def members_changed(self, others: Collection[Any]) -> None:
+        """The group's members changed (tick thread): count these other voters from now on."""
+        self._voters = 1 + len(others)
+        self._heard = {node: heard for node, heard in list(self._heard.items()) if node in others}
 
     def clocks_us(self) -> dict[str, int]:
         """Lower bounds of the other voters' clocks now, by address, heard within fresh_s

@@ -17,7 +17,7 @@ works only while the cluster still writes a version that build reads
 (docs/operations.md, "Upgrading node by node")."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 READS = "sd_reads"
 WRITES = "sd_writes"
@@ -60,6 +60,11 @@ class EntryVersions:
         else:
             lowest = self._floor
         return max(self._floor, lowest)
+
+    def members_changed(self, others: Collection[Any]) -> None:
+        """The group's members changed (tick thread): count these other voters from now on."""
+        self._voters = 1 + len(others)
+        self._heard = {node: reads for node, reads in list(self._heard.items()) if node in others}
 
     def peers_read(self) -> dict[str, int]:
         """The newest version each other voter said it reads, by address (a leader hears them)."""

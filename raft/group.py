@@ -10,11 +10,12 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.node import TCPNode
 
-from schedulerd.raft import compaction, journal, pysyncobj_patches, riders, snapshot
+from schedulerd.raft import compaction, journal, membership, pysyncobj_patches, riders, snapshot
 from schedulerd.raft.clocks import PeerClocks
 from schedulerd.raft.conf import RaftConfig
 from schedulerd.raft.entry_versions import EntryVersions
@@ -48,12 +49,32 @@ _FAILURES = {
     FAIL_REASON.QUEUE_FULL: ("command queue full", False),
     FAIL_REASON.MISSING_LEADER: ("no leader", False),
     FAIL_REASON.NOT_LEADER: ("leader changed", False),
-    # Only pysyncobj_patches.vet_as_leader_appends refuses (membership changes are off).
+    # A proposal only pysyncobj_patches.vet_as_leader_appends refuses (for membership
+    # changes, see _CHANGE_FAILURES).
     FAIL_REASON.REQUEST_DENIED: ("refused by the leader: its entry version is newer than a voter reads "
                                  "(a rolling upgrade is under way)", False),
     FAIL_REASON.DISCARDED: ("entry discarded by a new leader", False),
     FAIL_REASON.LEADER_CHANGED: ("leader changed before commit", True),
 }
+
+
+_CHANGE_FAILURES = {
+    FAIL_REASON.REQUEST_DENIED: "refused: another change of this group is not committed yet, the node is "
+                                "already (or not) a member, a leader cannot remove itself, or a "
+                                "leadership target is not caught up",
+}
+
+
+def _settle_change(fut: "asyncio.Future[None]", kind: str, address: str, error: int) -> None:
+    if fut.done():
+        return
+    if error == FAIL_REASON.SUCCESS:
+        fut.set_result(None)
+        return
+    reason, maybe = _CHANGE_FAILURES.get(error, ""), False
+    if not reason:
+        reason, maybe = _FAILURES.get(error, (f"pysyncobj error {error}", True))
+    fut.set_exception(ProposalFailed(f"{kind} {address}: {reason}", maybe))
 
 
 class _Replica(SyncObj):
@@ -102,7 +123,10 @@ class Group:
 
     def __init__(self, group_id: int, conf: RaftConfig, on_applied: Applied | None = None,
                  on_fatal: Callable[[str], None] = _fatal_default, clock_us: Callable[[], int] | None = None,
-                 leader_stamp: Stamp | None = None) -> None:
+                 leader_stamp: Stamp | None = None, peers: Sequence[str] | None = None) -> None:
+        """`peers`: the other members this replica starts with when its data dir holds none
+        of the group yet (a node joining it); by default the configured peers'. Once the
+        group has a journal or snapshot here, the members are the ones its log says."""
         self.group_id = group_id
         self.conf = conf
         self._on_applied = on_applied
@@ -113,11 +137,16 @@ class Group:
         os.makedirs(conf.data_dir, exist_ok=True)
         base = os.path.join(conf.data_dir, f"group-{group_id}")
         self.store = Store(base + ".lmdb", group_id, conf.lmdb_map_bytes, conf.lmdb_writeback_s)
-        self.self_addr, self.peers = conf.node_addrs(group_id)
+        self.self_addr, configured = conf.node_addrs(group_id)
         journal_path = base + ".journal"
         # Entries the snapshot covers are skipped as the journal loads (raft/journal.py).
         keep_from = snapshot.first_needed_index(base + ".snapshot")
-        journal.install(lambda path: journal.DurableJournal(path, keep_from))
+        log_journal = journal.DurableJournal(journal_path, keep_from)
+        journal.install(lambda path: log_journal)
+        first = {self.self_addr, *(configured if peers is None else peers)}
+        in_snapshot, snapshot_index = snapshot.members_at(base + ".snapshot")
+        members = membership.members_in_log(in_snapshot or first, snapshot_index, log_journal[:])
+        self.peers = sorted(members - {self.self_addr})
         self._snapshots = SnapshotWriter(self.store, base + ".snapshot", self._snapshot_delay_s,
                                          conf.snapshot_write_bytes_per_s)
         sconf = SyncObjConf(
@@ -135,7 +164,7 @@ class Group:
             # pysyncobj's own rule (entries or seconds) is off: _compact_when_due decides.
             logCompactionMinEntries=sys.maxsize,
             logCompactionMinTime=float("inf"),
-            dynamicMembershipChange=False,
+            dynamicMembershipChange=True,
             commandsWaitLeader=False,
             password=conf.secret,
             # pysyncobj wraps each blob in its own call encoding: room for that on top.
@@ -159,6 +188,8 @@ class Group:
                                  conf.clock_fresh_s, self.replica._isLeader)
         self.versions = EntryVersions(ops.VERSION, ops.VERSION_FLOOR, 1 + len(self.peers), self.replica._isLeader)
         riders.install(pysyncobj_patches.transport(self.replica), [self.clocks, self.versions])
+        pysyncobj_patches.watch_membership(self.replica, self._members_changed)
+        self._members_changed()  # the tick thread may have replayed changes before the watch
         pysyncobj_patches.vet_as_leader_appends(self.replica, leader_stamp, self.clocks.cluster_now_us, self.versions.writes)
         self._step_down_requested = False
         self.leader_changes = 0
@@ -247,6 +278,43 @@ class Group:
         now_s = time.time() if now_s is None else now_s
         return (place * stagger - now_s) % period
 
+    def _members_changed(self) -> None:
+        others = self.replica.otherNodes
+        self.peers = sorted(node.address for node in others)
+        self.clocks.members_changed(others)
+        self.versions.members_changed(others)
+        log.info("members_changed group=%d members=%s", self.group_id, ",".join(self.members()))
+
+    def members(self) -> list[str]:
+        """Every member's Raft address, this node's included, as this replica knows them."""
+        return sorted([self.self_addr, *self.peers])
+
+    def change_members(self, kind: str, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[None]":
+        """Add a member to the group or remove one ("add" | "remove"), on its leader: one
+        change at a time, and never the leader itself (transfer leadership first). The
+        future resolves once the change is committed; it fails with ProposalFailed."""
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def done(_result: Any, error: int) -> None:
+            loop.call_soon_threadsafe(_settle_change, fut, kind, address, error)
+
+        change = {"add": self.replica.addNodeToCluster, "remove": self.replica.removeNodeFromCluster}.get(kind)
+        if change is None:
+            raise ValueError(f"kind must be add or remove, not {kind!r}")
+        change(address, callback=done)
+        return fut
+
+    def transfer_leadership(self, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[None]":
+        """Ask the leader to hand leadership to the member at `address`, which must be caught
+        up; resolves once the request is sent (the election follows)."""
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def done(_result: Any, error: int) -> None:
+            loop.call_soon_threadsafe(_settle_change, fut, "transfer", address, error)
+
+        self.replica.transferLeadership(address, callback=done)
+        return fut
+
     def _write_snapshot(self, path: str, data: tuple[Any, ...]) -> None:
         self._commit_applied()
         self._snapshots.write(path, data)
@@ -254,7 +322,10 @@ class Group:
     def _restore_snapshot(self, path: str) -> tuple[Any, ...]:
         self._commit_applied()
         self._snapshots.abandon()
-        return snapshot.restore(self.store, path)
+        last, prev, cluster = snapshot.restore(self.store, path)
+        # pysyncobj sets the members from what this returns, and tells itself apart by node.
+        addresses = cluster if cluster is not None else self.members()
+        return last, prev, [TCPNode(address) for address in addresses]
 
     def propose(self, blob: bytes, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Append blob to the log; the future resolves with the apply result once this
@@ -318,6 +389,7 @@ class Group:
             "has_quorum": s["has_quorum"],
             "ready": self.replica.isReady(),
             "peers": self.peers,
+            "members": self.members(),
             "journal_entries": s["log_len"],
             "journal_bytes": self.journal.size_bytes(),
             "snapshotting": self._snapshots.busy(),

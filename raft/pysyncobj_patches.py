@@ -14,7 +14,9 @@ The patches, each a function below with the misbehaviour it fixes:
 - the log is fsynced before a node counts it or answers for it (`make_durable`), in the
   journal pysyncobj is made to create (`replace_journal_factory`);
 - snapshot transfers that finish (`pace_snapshot_sends`, `answer_snapshot_pieces`,
-  `forget_snapshot_transfers`).
+  `forget_snapshot_transfers`);
+- membership: what a journal entry changes (`membership_change`), and a callback on every
+  change of members a replica takes on (`watch_membership`).
 tests/unit/test_pysyncobj_patches.py replays each misbehaviour on real SyncObjs over a
 hand-driven network, and checks it shows without the patch and not with it.
 
@@ -175,6 +177,39 @@ def commit_only_what_matched(replica: SyncObj) -> None:
 
 
 _REGULAR = b"\x00"  # pysyncobj's command type byte of a replicated call
+_MEMBERSHIP = b"\x02"  # ... and of a membership change: pickled [kind ('add' | 'rem'), node id, node]
+
+
+def membership_change(command: bytes) -> tuple[str, str] | None:
+    """("add" | "remove", address) for a journal entry that changes the group's members,
+    None for any other entry."""
+    if command[:1] != _MEMBERSHIP:
+        return None
+    kind, node_id = pysyncobj.pickle.loads(command[1:])[:2]
+    return ("add" if kind == "add" else "remove"), node_id
+
+
+def watch_membership(replica: SyncObj, on_change: Callable[[], None]) -> None:
+    """Call `on_change` (tick thread) after each change of the replica's members it takes
+    on: when it appends one, when it applies one replaying its journal, when a truncation
+    takes one back, when a snapshot sets them. pysyncobj tells no one, and who counts
+    voters must know. A removed node is not told at all (the leader stops sending to it as
+    it appends its removal): the placement tells it, not its log."""
+    change = replica._SyncObj__doChangeCluster
+    update = replica._SyncObj__updateClusterConfiguration
+
+    def changed(request: Any, reverse: bool = False) -> bool:
+        done = change(request, reverse)
+        if done:
+            on_change()
+        return done
+
+    def updated(nodes: Any) -> None:
+        update(nodes)
+        on_change()
+
+    replica._SyncObj__doChangeCluster = changed
+    replica._SyncObj__updateClusterConfiguration = updated
 
 
 def vet_as_leader_appends(replica: SyncObj, stamp: Stamp | None, cluster_now_us: Callable[[], int],

@@ -225,10 +225,11 @@ def write(store: Store, path: str, data: tuple[Any, ...], bytes_per_s: int = 0,
     """Write a snapshot of the store as of the last applied entry, fsynced, at most
     bytes_per_s (0: as fast as the disk takes it), staged in stage_dir where it has room.
 
-    `data` is pysyncobj's (last applied entry, the entry before it, cluster);
-    entries are (command bytes, index, term)."""
-    last, prev, _cluster = data
-    header = {"last": list(last), "prev": list(prev), "last_applied": store.last_applied()}
+    `data` is pysyncobj's (last applied entry, the entry before it, the group's members
+    then, as nodes); entries are (command bytes, index, term)."""
+    last, prev, cluster = data
+    header = {"last": list(last), "prev": list(prev), "last_applied": store.last_applied(),
+              "cluster": sorted(node.id for node in cluster)}
     started = time.monotonic()
     _write_store(store.env, path, header, bytes_per_s, stage_dir)
     log.info("snapshot_written path=%s raft_index=%d bytes=%d seconds=%.2f", path, last[1], os.path.getsize(path),
@@ -286,6 +287,16 @@ def read_header(path: str) -> tuple[dict[str, Any], int]:
         return header, f.tell()
 
 
+def members_at(path: str) -> tuple[list[str] | None, int]:
+    """The group's members the snapshot holds, and the index of its last entry; (None, 0)
+    without a snapshot, (None, index) for one written before snapshots held members."""
+    try:
+        header, _ = read_header(path)
+    except FileNotFoundError:
+        return None, 0
+    return header.get("cluster"), int(header["last"][1])
+
+
 def first_needed_index(path: str) -> int:
     """The first log entry a node with this snapshot needs in its journal (pysyncobj
     resumes the log at the snapshot's "prev" entry); 0 with no snapshot."""
@@ -297,7 +308,8 @@ def first_needed_index(path: str) -> int:
 
 
 def restore(store: Store, path: str) -> tuple[Any, ...]:
-    """Make the store at least as new as the snapshot; return pysyncobj's entries.
+    """Make the store at least as new as the snapshot; return pysyncobj's entries and the
+    members' addresses (None in a snapshot written before it held them).
 
     The local LMDB is durable on its own (sync on), so after a restart it is
     usually ahead of its last snapshot and is kept: the journal replay skips
@@ -325,7 +337,7 @@ def restore(store: Store, path: str) -> tuple[Any, ...]:
         log.warning("snapshot_restored path=%s local_last_applied=%d snapshot_last_applied=%d",
                     path, local, header["last_applied"])
     last, prev = header["last"], header["prev"]
-    return (tuple(last), tuple(prev), None)
+    return (tuple(last), tuple(prev), header.get("cluster"))
 
 
 def _check_payload(path: str, offset: int, copy_to: Any) -> None:

@@ -72,6 +72,15 @@ class Link(Transport):
         self.net.post(self.node, node, message)
         return True
 
+    def addNode(self, node: Any) -> None:
+        """A membership change added `node`: connect to it (if it runs) both ways."""
+        self.net.connect(self.node.address, node.address)
+
+    def dropNode(self, node: Any) -> None:
+        conn = self._connections.pop(node, None)
+        if conn is not None:
+            conn.close()
+
 
 class Net:
     """The nodes, and the messages in flight between them in the order they were sent."""
@@ -85,12 +94,41 @@ class Net:
     def start(self, addrs: list[str], conf: Callable[[str], SyncObjConf]) -> list[Replica]:
         for addr in addrs:
             self.replicas[addr] = Replica(addr, [a for a in addrs if a != addr], conf(addr), self)
-        for replica in self.replicas.values():
-            link = self.link(replica)
-            for other in replica.otherNodes:
-                link._connections[other] = _Conn(self, replica.selfNode, other)
-                link._onNodeConnected(other)
+        for addr in addrs:
+            for other in self.replicas[addr].otherNodes:
+                self.connect(addr, other.address)
         return [self.replicas[a] for a in addrs]
+
+    def add(self, addr: str, peers: list[str], conf: SyncObjConf) -> Replica:
+        """Start one more node that knows `peers` (as a node joining a group does)."""
+        self.replicas[addr] = replica = Replica(addr, peers, conf, self)
+        for peer in peers:
+            self.connect(addr, peer)
+        return replica
+
+    def stop(self, addr: str) -> None:
+        """Take a node off the network for good (its process ends)."""
+        replica = self.replicas.pop(addr)
+        for other in self.replicas.values():
+            for node in list(self.link(other)._connections):
+                if node.address == addr:
+                    self.link(other)._connections.pop(node).close()
+                    self.link(other)._onNodeDisconnected(node)
+        for conn in self.link(replica)._connections.values():
+            conn.close()
+        replica.destroy()
+
+    def connect(self, a: str, b: str) -> None:
+        """Connect two running nodes (each side learns of the other only if it lists it)."""
+        if a not in self.replicas or b not in self.replicas:
+            return
+        for src, dst in ((a, b), (b, a)):
+            replica = self.replicas[src]
+            link = self.link(replica)
+            node = next((n for n in replica.otherNodes if n.address == dst), None)
+            if node is not None and node not in link._connections:
+                link._connections[node] = _Conn(self, replica.selfNode, node)
+                link._onNodeConnected(node)
 
     def link(self, replica: SyncObj) -> Link:
         return pysyncobj_patches.transport(replica)
@@ -118,9 +156,11 @@ class Net:
                 break
             self.flight.remove(picked)
             src, dst, data = picked
-            if src.address in self.cut or dst.address in self.cut:
+            receiver = self.replicas.get(dst.address)
+            # pysyncobj's TCP transport hangs up on a node it does not list (a removed one).
+            if src.address in self.cut or dst.address in self.cut or receiver is None or src not in receiver.otherNodes:
                 continue
-            self.link(self.replicas[dst.address])._onMessageReceivedCallback(src, pysyncobj.pickle.loads(data))
+            self.link(receiver)._onMessageReceivedCallback(src, pysyncobj.pickle.loads(data))
             done += 1
         return done
 

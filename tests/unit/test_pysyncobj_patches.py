@@ -13,7 +13,7 @@ import pysyncobj.pickle
 import pytest
 from pysyncobj import FAIL_REASON
 
-from schedulerd.raft import journal, pysyncobj_patches
+from schedulerd.raft import journal, membership, pysyncobj_patches
 from schedulerd.storage import ops
 from tests.pysyncobj_net import Net, Replica, conf
 
@@ -373,3 +373,53 @@ def _first_piece_after_regaining_leadership(nets: list[Net], patched: bool) -> b
 def test_a_new_term_starts_a_snapshot_transfer_from_its_first_piece(nets: list[Net]) -> None:
     assert not _first_piece_after_regaining_leadership(nets, patched=False)
     assert _first_piece_after_regaining_leadership(nets, patched=True)
+
+
+def _membership_told(nets: list[Net], patched: bool) -> tuple[list[str], list[str]]:
+    """A fourth node joins a group and a first follower is removed: what did the owners of
+    the leader and of the removed node hear, and who does the removed node think it is with?"""
+    net, (leader, removed, other) = _cluster(None, dynamicMembershipChange=True)
+    nets.append(net)
+    heard: list[str] = []
+    if patched:
+        for replica in (leader, removed):
+            pysyncobj_patches.watch_membership(
+                replica, lambda r=replica: heard.append(f"{r.selfNode.address} has {len(r.otherNodes) + 1}"))
+    net.elect(leader)
+    net.settle(2)
+    net.add("n4:1", ["n1:1", "n2:1", "n3:1"], conf(dynamicMembershipChange=True))
+    results: list[int] = []
+    leader.addNodeToCluster("n4:1", callback=lambda r, e: results.append(e))
+    net.settle(3)
+    leader.removeNodeFromCluster("n2:1", callback=lambda r, e: results.append(e))
+    net.settle(3)
+    assert results == [FAIL_REASON.SUCCESS, FAIL_REASON.SUCCESS]
+    assert sorted(n.address for n in leader.otherNodes) == ["n3:1", "n4:1"]
+    return heard, sorted(n.address for n in removed.otherNodes)
+
+
+def test_the_owner_hears_of_each_membership_change(nets: list[Net]) -> None:
+    heard, _ = _membership_told(nets, patched=False)
+    assert heard == []
+    heard, removed_sees = _membership_told(nets, patched=True)
+    assert heard == ["n1:1 has 4", "n2:1 has 4", "n1:1 has 3"]
+    # The leader stops sending to a node as it appends its removal: only the placement can
+    # tell that node, which still counts itself a member.
+    assert removed_sees == ["n1:1", "n3:1", "n4:1"]
+
+
+def test_a_restart_takes_the_members_from_the_log_not_from_its_arguments(nets: list[Net]) -> None:
+    """pysyncobj builds a restarted node with the members it is given; the ones in its log
+    come back only as it applies entries again, up to a commit index stored lazily."""
+    net, (leader, b, c) = _cluster(None, dynamicMembershipChange=True)
+    nets.append(net)
+    net.elect(leader)
+    net.add("n4:1", ["n1:1", "n2:1", "n3:1"], conf(dynamicMembershipChange=True))
+    leader.addNodeToCluster("n4:1")
+    net.settle(3)
+    leader.removeNodeFromCluster("n2:1")
+    net.settle(3)
+    log_ = pysyncobj_patches.raft_log(net.replicas["n4:1"])
+    assert membership.members_in_log({"n1:1", "n2:1", "n3:1", "n4:1"}, 0, log_[:]) == {"n1:1", "n3:1", "n4:1"}
+    # a snapshot's members stand for every entry up to its last one
+    assert membership.members_in_log({"n1:1", "n3:1", "n4:1"}, log_[-1][1], log_[:]) == {"n1:1", "n3:1", "n4:1"}

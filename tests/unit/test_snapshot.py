@@ -11,13 +11,15 @@ from typing import Any
 
 import lmdb
 import pytest
+from pysyncobj.node import TCPNode
 
 from schedulerd.raft import snapshot
 from schedulerd.storage.jobs import SPEC_DEFAULTS
 from schedulerd.storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
 
-ENTRIES = ((b"\x01", 5, 2), (b"\x01", 4, 2), None)
+MEMBERS = {TCPNode("127.0.0.1:7001"), TCPNode("127.0.0.1:7002")}  # pysyncobj passes its nodes
+ENTRIES = ((b"\x01", 5, 2), (b"\x01", 4, 2), MEMBERS)
 
 
 def source_snapshot(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -34,7 +36,10 @@ def source_snapshot(tmp_path: pathlib.Path) -> pathlib.Path:
 def test_a_whole_snapshot_replaces_an_older_store(tmp_path: pathlib.Path) -> None:
     path = source_snapshot(tmp_path)
     empty = Driver(str(tmp_path / "dst"))
-    assert snapshot.restore(empty.store, str(path))[:2] == ((b"\x01", 5, 2), (b"\x01", 4, 2))
+    assert snapshot.restore(empty.store, str(path)) == ((b"\x01", 5, 2), (b"\x01", 4, 2),
+                                                        ["127.0.0.1:7001", "127.0.0.1:7002"])
+    assert snapshot.members_at(str(path)) == (["127.0.0.1:7001", "127.0.0.1:7002"], 5)
+    assert snapshot.members_at(str(tmp_path / "none.snapshot")) == (None, 0)
     assert empty.job("j199") is not None
 
 

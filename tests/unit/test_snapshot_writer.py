@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pysyncobj import SERIALIZER_STATE
+from pysyncobj.node import TCPNode
 
 from schedulerd.raft import snapshot
 from schedulerd.raft.snapshot_writer import SnapshotWriter
@@ -19,10 +20,11 @@ from schedulerd.storage.ops import Op
 from tests.integration.harness import wait_until
 from tests.unit.fsm_driver import S, T0, Driver
 
-FIRST = ((b"\x01", 5, 2), (b"\x01", 4, 2), None)
-SECOND = ((b"\x01", 9, 2), (b"\x01", 8, 2), None)
-THIRD = ((b"\x01", 13, 2), (b"\x01", 12, 2), None)
-FOURTH = ((b"\x01", 17, 2), (b"\x01", 16, 2), None)
+MEMBERS = {TCPNode("127.0.0.1:7001"), TCPNode("127.0.0.1:7002")}  # pysyncobj passes its nodes
+FIRST = ((b"\x01", 5, 2), (b"\x01", 4, 2), MEMBERS)
+SECOND = ((b"\x01", 9, 2), (b"\x01", 8, 2), MEMBERS)
+THIRD = ((b"\x01", 13, 2), (b"\x01", 12, 2), MEMBERS)
+FOURTH = ((b"\x01", 17, 2), (b"\x01", 16, 2), MEMBERS)
 
 
 @pytest.fixture
