@@ -16,7 +16,7 @@ STORAGE = pathlib.Path(__file__).resolve().parents[2] / "storage"
 # msgspec, croniter), and stdlib modules that do no I/O. zoneinfo reads the zone's
 # tzdata file, a pure function of the zone's name.
 ALLOWED_MODULES = {
-    "__future__", "bisect", "calendar", "collections", "contextlib", "croniter", "dataclasses", "datetime", "enum",
+    "__future__", "bisect", "calendar", "collections", "contextlib", "copy", "croniter", "dataclasses", "datetime", "enum",
     "functools", "hashlib", "itertools", "lmdb", "math", "msgspec", "struct", "threading", "typing", "zlib",
     "zoneinfo",
 }

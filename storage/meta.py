@@ -1,0 +1,177 @@
+"""The metadata group's state machine: the cluster's shape, the node registry and where
+each data group's replicas live.
+
+Pure, like the rest of storage/: `apply(state, command)` changes a plain dict and answers
+a result; the time and every id arrive in the command. The state is small (a few kB per
+hundred nodes), held whole in memory and snapshotted whole.
+
+A membership change of a group is two entries: `begin_change` records it (one per group at
+a time, and only against the placement epoch the planner saw), the placement driver carries
+it out in the group's own Raft log, and `end_change` records how it ended; only a change
+that ended well moves the group's members and the epoch."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from schedulerd.storage import placement
+
+# Which state a node may go to from each: a dead node's replicas are re-created elsewhere,
+# so it never serves again (it is removed once out of every group); a drain can be called off.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "alive": frozenset({"suspect", "dead", "draining", "removed"}),
+    "suspect": frozenset({"alive", "dead", "draining", "removed"}),
+    "draining": frozenset({"alive", "removed"}),
+    "dead": frozenset({"removed"}),
+    "removed": frozenset(),
+}
+META = "meta"  # the metadata group's key in the placement, beside the data groups' numbers
+META_REPLICAS = (3, 5)
+
+
+def empty() -> dict[str, Any]:
+    return {"cluster": None, "epoch": 0, "nodes": {}, "placement": {}, "changes": {},
+            "moves": {"done": 0, "failed": 0}}
+
+
+def apply(state: dict[str, Any], command: dict[str, Any]) -> dict[str, Any]:
+    """Apply one command to `state` in place; a refused command changes nothing."""
+    handler = _HANDLERS.get(command.get("op", ""))
+    if handler is None:
+        return _refused(f"unknown op {command.get('op')!r}; known: {sorted(_HANDLERS)}")
+    if command["op"] != "bootstrap" and state["cluster"] is None:
+        return _refused("the cluster is not bootstrapped")
+    scratch = copy.deepcopy(state)
+    result = handler(scratch, command)
+    if result["ok"]:
+        state.clear()
+        state.update(scratch)
+    return result
+
+
+def _refused(error: str) -> dict[str, Any]:
+    return {"ok": False, "error": error}
+
+
+def _bootstrap(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    if state["cluster"] is not None:
+        return _refused("the cluster is already bootstrapped")
+    nodes = c["nodes"]
+    ids = [n["node_id"] for n in nodes]
+    rf, groups, meta_n = c["replication_factor"], c["groups"], c["meta_replicas"]
+    if rf not in placement.REPLICATION_FACTORS:
+        return _refused(f"replication_factor must be one of {placement.REPLICATION_FACTORS}, not {rf}")
+    if len(set(ids)) != len(ids) or len({n["raft"] for n in nodes}) != len(nodes):
+        return _refused("node ids and Raft addresses must be distinct")
+    if meta_n not in META_REPLICAS:
+        return _refused(f"meta_replicas must be one of {META_REPLICAS}, not {meta_n}")
+    if not 1 <= groups <= 1024:
+        return _refused(f"groups must be within 1..1024, not {groups}")
+    if len(ids) < rf:
+        return _refused(f"replication factor {rf} needs at least {rf} nodes; {len(ids)} given")
+    state["cluster"] = {"cluster_id": c["cluster_id"], "groups": groups, "replication_factor": rf,
+                        "meta_replicas": meta_n, "created_us": c["now"]}
+    for n in nodes:
+        state["nodes"][n["node_id"]] = _node(n, c["now"])
+    layout = placement.initial(ids, range(groups), rf)
+    meta_size = min(meta_n, len(ids))
+    layout_meta = placement.initial(ids, [0], meta_size)[0]
+    state["placement"] = {str(g): list(members) for g, members in layout.items()}
+    state["placement"][META] = list(layout_meta)
+    state["epoch"] = 1
+    return {"ok": True, "epoch": 1}
+
+
+def _node(n: dict[str, Any], now: int) -> dict[str, Any]:
+    return {"node_id": n["node_id"], "http": n["http"], "raft": n["raft"], "state": "alive",
+            "since_us": now, "joined_us": now}
+
+
+def _register(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    node_id, raft = c["node_id"], c["raft"]
+    for other in state["nodes"].values():
+        if other["raft"] == raft and other["node_id"] != node_id and other["state"] != "removed":
+            return _refused(f"Raft address {raft} belongs to node {other['node_id']} ({other['state']})")
+    known = state["nodes"].get(node_id)
+    if known is None:
+        state["nodes"][node_id] = _node(c, c["now"])
+        return {"ok": True, "joined": True}
+    if known["state"] in ("dead", "removed"):
+        return _refused(f"node {node_id} is {known['state']}: wipe its data dir and join it as a new node")
+    if known["raft"] != raft:
+        return _refused(f"node {node_id} is known at Raft address {known['raft']}, not {raft}: "
+                        "a node keeps its Raft address (join it as a new node to move it)")
+    known["http"] = c["http"]
+    if known["state"] == "suspect":
+        known["state"], known["since_us"] = "alive", c["now"]
+    return {"ok": True, "joined": False}
+
+
+def _set_state(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    node = state["nodes"].get(c["node_id"])
+    if node is None:
+        return _refused(f"no node {c['node_id']!r}")
+    to = c["state"]
+    if to not in TRANSITIONS[node["state"]]:
+        allowed = sorted(TRANSITIONS[node["state"]]) or "nothing"
+        return _refused(f"node {c['node_id']} is {node['state']} and can go to {allowed}, not {to}")
+    if to == "removed" and any(c["node_id"] in members for members in state["placement"].values()):
+        return _refused(f"node {c['node_id']} still holds replicas: drain it first")
+    node["state"], node["since_us"] = to, c["now"]
+    return {"ok": True}
+
+
+def _begin_change(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    group, kind, node_id = str(c["group"]), c["kind"], c["node_id"]
+    if group not in state["placement"]:
+        return _refused(f"no group {group}")
+    if c["epoch"] != state["epoch"]:
+        return _refused(f"placement epoch is {state['epoch']}, the change was planned at {c['epoch']}")
+    if group in state["changes"]:
+        return _refused(f"group {group} has a change under way: {state['changes'][group]}")
+    members = state["placement"][group]
+    if kind == "add":
+        node = state["nodes"].get(node_id)
+        if node is None or node["state"] != "alive":
+            return _refused(f"node {node_id} is not alive: it takes no replica")
+        if node_id in members:
+            return _refused(f"node {node_id} is already in group {group}")
+    elif kind == "remove":
+        if node_id not in members:
+            return _refused(f"node {node_id} is not in group {group}")
+    else:
+        return _refused(f"kind must be add or remove, not {kind!r}")
+    state["changes"][group] = {"kind": kind, "node_id": node_id, "started_us": c["now"], "reason": c["reason"]}
+    return {"ok": True}
+
+
+def _end_change(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    group = str(c["group"])
+    change = state["changes"].pop(group, None)
+    if change is None:
+        return _refused(f"group {group} has no change under way")
+    if not c["done"]:
+        state["moves"]["failed"] += 1
+        return {"ok": True, "epoch": state["epoch"]}
+    members = state["placement"][group]
+    if change["kind"] == "add":
+        members.append(change["node_id"])
+        members.sort()
+    else:
+        members.remove(change["node_id"])
+    state["epoch"] += 1
+    state["moves"]["done"] += 1
+    return {"ok": True, "epoch": state["epoch"]}
+
+
+_HANDLERS = {"bootstrap": _bootstrap, "register": _register, "set_state": _set_state,
+             "begin_change": _begin_change, "end_change": _end_change}
+
+
+def data_placement(state: dict[str, Any]) -> dict[int, tuple[str, ...]]:
+    """The data groups' members, as storage/placement.py plans over them."""
+    return {int(g): tuple(m) for g, m in state["placement"].items() if g != META}
+
+
+def node_states(state: dict[str, Any]) -> dict[str, placement.NodeState]:
+    return {node_id: node["state"] for node_id, node in state["nodes"].items()}

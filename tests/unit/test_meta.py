@@ -1,0 +1,122 @@
+"""storage/meta.py: the metadata group's registry and placement, rule by rule; a refused
+command changes nothing."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from schedulerd.storage import meta, placement
+
+T0 = 1_800_000_000_000_000
+
+
+def nodes(n: int) -> list[dict[str, Any]]:
+    return [{"node_id": f"n{i}", "http": f"10.0.0.{i}:8080", "raft": f"10.0.0.{i}:9080"} for i in range(n)]
+
+
+def booted(n: int = 3, rf: int = 3, groups: int = 6) -> dict[str, Any]:
+    state = meta.empty()
+    result = meta.apply(state, {"op": "bootstrap", "cluster_id": "c1", "groups": groups, "replication_factor": rf,
+                                 "meta_replicas": 3, "nodes": nodes(n), "now": T0})
+    assert result == {"ok": True, "epoch": 1}
+    return state
+
+
+def refused(state: dict[str, Any], command: dict[str, Any], error: str) -> None:
+    before = copy.deepcopy(state)
+    result = meta.apply(state, command)
+    assert not result["ok"] and error in result["error"], result
+    assert state == before
+
+
+def test_bootstrap_places_every_group_on_rf_nodes_and_the_meta_group_apart() -> None:
+    state = booted(6, 3, 12)
+    assert state["cluster"]["replication_factor"] == 3
+    layout = meta.data_placement(state)
+    assert len(layout) == 12 and all(len(m) == 3 for m in layout.values())
+    assert placement.is_balanced(meta.node_states(state), layout, 3)
+    assert state["placement"][meta.META] == ["n0", "n1", "n2"]
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"replication_factor": 2}, "replication_factor must be one of (1, 3, 5), not 2"),
+    ({"replication_factor": 5}, "replication factor 5 needs at least 5 nodes; 3 given"),
+    ({"meta_replicas": 4}, "meta_replicas must be one of (3, 5), not 4"),
+    ({"groups": 0}, "groups must be within 1..1024, not 0"),
+    ({"nodes": nodes(2) + nodes(2)[:1]}, "node ids and Raft addresses must be distinct"),
+])
+def test_a_bad_bootstrap_is_refused(change: dict[str, Any], error: str) -> None:
+    command = {"op": "bootstrap", "cluster_id": "c1", "groups": 6, "replication_factor": 3, "meta_replicas": 3,
+               "nodes": nodes(3), "now": T0, **change}
+    refused(meta.empty(), command, error)
+
+
+def test_nothing_but_bootstrap_applies_to_an_empty_state_and_bootstrap_applies_once() -> None:
+    refused(meta.empty(), {"op": "register", **nodes(1)[0], "now": T0}, "not bootstrapped")
+    state = booted()
+    refused(state, {"op": "bootstrap", "cluster_id": "c2", "groups": 1, "replication_factor": 1, "meta_replicas": 3,
+                    "nodes": nodes(1), "now": T0}, "already bootstrapped")
+    refused(state, {"op": "frobnicate"}, "unknown op 'frobnicate'")
+
+
+def test_a_node_registers_once_keeps_its_raft_address_and_may_move_its_http_one() -> None:
+    state = booted()
+    new = {"node_id": "n9", "http": "10.0.0.9:8080", "raft": "10.0.0.9:9080"}
+    assert meta.apply(state, {"op": "register", **new, "now": T0 + 1}) == {"ok": True, "joined": True}
+    assert state["nodes"]["n9"]["state"] == "alive"
+    assert meta.apply(state, {"op": "register", **new, "http": "10.0.0.9:8081", "now": T0 + 2}) == \
+        {"ok": True, "joined": False}
+    assert state["nodes"]["n9"]["http"] == "10.0.0.9:8081"
+    refused(state, {"op": "register", **new, "raft": "10.0.0.9:9999", "now": T0 + 3}, "keeps its Raft address")
+    refused(state, {"op": "register", "node_id": "n10", "http": "x:1", "raft": "10.0.0.9:9080", "now": T0 + 3},
+            "Raft address 10.0.0.9:9080 belongs to node n9 (alive)")
+
+
+def test_node_states_move_only_along_the_allowed_transitions() -> None:
+    state = booted(4, 3, 4)
+    assert meta.apply(state, {"op": "set_state", "node_id": "n3", "state": "suspect", "now": T0})["ok"]
+    assert meta.apply(state, {"op": "register", **nodes(4)[3], "now": T0 + 1})["ok"]  # heard again
+    assert state["nodes"]["n3"]["state"] == "alive"
+    assert meta.apply(state, {"op": "set_state", "node_id": "n3", "state": "dead", "now": T0 + 2})["ok"]
+    refused(state, {"op": "set_state", "node_id": "n3", "state": "alive", "now": T0 + 3},
+            "node n3 is dead and can go to ['removed'], not alive")
+    refused(state, {"op": "register", **nodes(4)[3], "now": T0 + 3}, "wipe its data dir and join it as a new node")
+    refused(state, {"op": "set_state", "node_id": "n3", "state": "removed", "now": T0 + 3}, "still holds replicas")
+    refused(state, {"op": "set_state", "node_id": "n7", "state": "dead", "now": T0 + 3}, "no node 'n7'")
+
+
+def test_a_change_is_begun_against_the_epoch_it_was_planned_at_one_per_group() -> None:
+    state = booted(3, 3, 2)
+    assert meta.apply(state, {"op": "register", "node_id": "n3", "http": "h:1", "raft": "r:1", "now": T0})["ok"]
+    begin = {"op": "begin_change", "group": 0, "kind": "add", "node_id": "n3", "epoch": 1, "now": T0,
+             "reason": "balance"}
+    refused(state, {**begin, "epoch": 0}, "placement epoch is 1, the change was planned at 0")
+    refused(state, {**begin, "node_id": "n0"}, "node n0 is already in group 0")
+    refused(state, {**begin, "kind": "remove", "node_id": "n3"}, "node n3 is not in group 0")
+    refused(state, {**begin, "group": 7}, "no group 7")
+    assert meta.apply(state, begin)["ok"]
+    refused(state, {**begin, "kind": "remove", "node_id": "n0"}, "group 0 has a change under way")
+    assert meta.apply(state, {"op": "end_change", "group": 0, "done": True, "now": T0 + 1}) == {"ok": True, "epoch": 2}
+    assert state["placement"]["0"] == ["n0", "n1", "n2", "n3"]
+    assert meta.apply(state, {**begin, "kind": "remove", "node_id": "n0", "epoch": 2})["ok"]
+    assert meta.apply(state, {"op": "end_change", "group": 0, "done": False, "now": T0 + 2}) == {"ok": True, "epoch": 2}
+    assert state["placement"]["0"] == ["n0", "n1", "n2", "n3"] and state["moves"] == {"done": 1, "failed": 1}
+    refused(state, {"op": "end_change", "group": 0, "done": True, "now": T0 + 3}, "no change under way")
+
+
+def test_the_planner_drives_the_registry_to_balance_through_begin_and_end() -> None:
+    state = booted(3, 3, 12)
+    for n in nodes(6)[3:]:
+        assert meta.apply(state, {"op": "register", **n, "now": T0})["ok"]
+    for step in range(100):
+        changes = placement.plan(meta.node_states(state), meta.data_placement(state), 3)
+        if not changes:
+            break
+        c = changes[0]
+        assert meta.apply(state, {"op": "begin_change", "group": c.group, "kind": c.kind, "node_id": c.node_id,
+                                  "epoch": state["epoch"], "now": T0 + step, "reason": c.reason})["ok"]
+        assert meta.apply(state, {"op": "end_change", "group": c.group, "done": True, "now": T0 + step})["ok"]
+    assert placement.is_balanced(meta.node_states(state), meta.data_placement(state), 3)
+    assert sorted(placement.loads(meta.node_states(state), meta.data_placement(state)).values()) == [6] * 6
