@@ -34,7 +34,7 @@ from schedulerd.raft.conf import RaftConfig
 from schedulerd.raft.snapshot_writer import STAGE_DIR
 
 # pysyncobj's (last applied entry, the one before it, cluster), as a compaction passes them.
-ENTRIES = ((b"\x01", 2, 1), (b"\x01", 1, 1), None)
+ENTRIES = ((b"\x01", 2, 1), (b"\x01", 1, 1), ())  # no members: the copy is what is timed
 PROBE_RECORD = b"r" * 2048
 PROBE_PAUSE_S = 0.003
 
