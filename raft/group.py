@@ -12,13 +12,14 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.node import TCPNode
 
-from schedulerd.raft import compaction, journal, membership, pysyncobj_patches, riders, snapshot
+from schedulerd.raft import compaction, journal, membership, proposals, pysyncobj_patches, riders, snapshot
 from schedulerd.raft.clocks import PeerClocks
 from schedulerd.raft.conf import RaftConfig
 from schedulerd.raft.entry_versions import EntryVersions
+from schedulerd.raft.proposals import ProposalFailed
 from schedulerd.raft.pysyncobj_patches import Stamp
 from schedulerd.raft.snapshot_writer import SnapshotWriter
 from schedulerd.raft.store import Store
@@ -35,46 +36,6 @@ pysyncobj_patches.use_pickle_protocol()
 SNAPSHOT_STAGGER_S = 10.0
 
 Applied = Callable[[int, int, Op, dict[str, Any]], None]  # (group, raft index, op, result)
-
-
-class ProposalFailed(Exception):
-    """The entry was not committed; `maybe_applied` says whether it could still have been."""
-
-    def __init__(self, reason: str, maybe_applied: bool) -> None:
-        super().__init__(reason)
-        self.maybe_applied = maybe_applied
-
-
-_FAILURES = {
-    FAIL_REASON.QUEUE_FULL: ("command queue full", False),
-    FAIL_REASON.MISSING_LEADER: ("no leader", False),
-    FAIL_REASON.NOT_LEADER: ("leader changed", False),
-    # A proposal only pysyncobj_patches.vet_as_leader_appends refuses (for membership
-    # changes, see _CHANGE_FAILURES).
-    FAIL_REASON.REQUEST_DENIED: ("refused by the leader: its entry version is newer than a voter reads "
-                                 "(a rolling upgrade is under way)", False),
-    FAIL_REASON.DISCARDED: ("entry discarded by a new leader", False),
-    FAIL_REASON.LEADER_CHANGED: ("leader changed before commit", True),
-}
-
-
-_CHANGE_FAILURES = {
-    FAIL_REASON.REQUEST_DENIED: "refused: another change of this group is not committed yet, the node is "
-                                "already (or not) a member, a leader cannot remove itself, or a "
-                                "leadership target is not caught up",
-}
-
-
-def _settle_change(fut: "asyncio.Future[None]", kind: str, address: str, error: int) -> None:
-    if fut.done():
-        return
-    if error == FAIL_REASON.SUCCESS:
-        fut.set_result(None)
-        return
-    reason, maybe = _CHANGE_FAILURES.get(error, ""), False
-    if not reason:
-        reason, maybe = _FAILURES.get(error, (f"pysyncobj error {error}", True))
-    fut.set_exception(ProposalFailed(f"{kind} {address}: {reason}", maybe))
 
 
 class _Replica(SyncObj):
@@ -289,29 +250,21 @@ class Group:
         """Every member's Raft address, this node's included, as this replica knows them."""
         return sorted([self.self_addr, *self.peers])
 
-    def change_members(self, kind: str, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[None]":
+    def change_members(self, kind: str, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Add a member to the group or remove one ("add" | "remove"), on its leader: one
         change at a time, and never the leader itself (transfer leadership first). The
         future resolves once the change is committed; it fails with ProposalFailed."""
-        fut: asyncio.Future[None] = loop.create_future()
-
-        def done(_result: Any, error: int) -> None:
-            loop.call_soon_threadsafe(_settle_change, fut, kind, address, error)
-
         change = {"add": self.replica.addNodeToCluster, "remove": self.replica.removeNodeFromCluster}.get(kind)
         if change is None:
             raise ValueError(f"kind must be add or remove, not {kind!r}")
+        fut, done = proposals.callback(loop, f"{kind} {address}: ", change=True)
         change(address, callback=done)
         return fut
 
-    def transfer_leadership(self, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[None]":
+    def transfer_leadership(self, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Ask the leader to hand leadership to the member at `address`, which must be caught
         up; resolves once the request is sent (the election follows)."""
-        fut: asyncio.Future[None] = loop.create_future()
-
-        def done(_result: Any, error: int) -> None:
-            loop.call_soon_threadsafe(_settle_change, fut, "transfer", address, error)
-
+        fut, done = proposals.callback(loop, f"transfer to {address}: ", change=True)
         self.replica.transferLeadership(address, callback=done)
         return fut
 
@@ -329,33 +282,16 @@ class Group:
 
     def propose(self, blob: bytes, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Append blob to the log; the future resolves with the apply result once this
-        node has applied it (so a read on this node right after sees it)."""
-        fut: asyncio.Future[Any] = loop.create_future()
+        node has applied it and committed its store (so a read on this node right after
+        sees it)."""
         if len(blob) > self.conf.entry_bytes_max:
+            fut: asyncio.Future[Any] = loop.create_future()
             fut.set_exception(ProposalFailed(f"entry of {len(blob)} bytes is over entry_bytes_max "
                                              f"({self.conf.entry_bytes_max})", maybe_applied=False))
             return fut
-
-        def settle(result: Any, error: int) -> None:
-            if fut.done():
-                return
-            if error == FAIL_REASON.SUCCESS:
-                fut.set_result(result)
-            else:
-                reason, maybe = _FAILURES.get(error, (f"outcome unknown (reason {error})", True))
-                fut.set_exception(ProposalFailed(reason, maybe))
-
-        def post(result: Any, error: int) -> None:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(settle, result, error)
-
-        def done(result: Any, error: int) -> None:
-            # Success is only ever reported by the tick thread, right after the apply.
-            if error == FAIL_REASON.SUCCESS:
-                self._after_commit.append(lambda: post(result, error))
-            else:
-                post(result, error)
-
+        # Success is only ever reported by the tick thread, right after the apply; the list
+        # is looked up then, as each tick's commit takes it and starts a new one.
+        fut, done = proposals.callback(loop, defer=lambda post: self._after_commit.append(post))
         self.replica.apply_entry(blob, callback=done)
         return fut
 

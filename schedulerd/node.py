@@ -15,7 +15,8 @@ from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.diskguard import DiskGuard
 from schedulerd.errors import Conflict, OutcomeUnknown, Unavailable
-from schedulerd.raft.group import Group, ProposalFailed
+from schedulerd.raft.group import Group
+from schedulerd.raft.proposals import ProposalFailed
 from schedulerd.storage import keys, ops
 from schedulerd.storage.ops import Op
 from schedulerd.storage.tables import Tables

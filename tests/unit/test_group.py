@@ -22,7 +22,8 @@ from schedulerd.raft import bootmark
 from schedulerd.raft import group as group_mod
 from schedulerd.raft import pysyncobj_patches
 from schedulerd.raft.conf import RaftConfig
-from schedulerd.raft.group import Group, ProposalFailed
+from schedulerd.raft.group import Group
+from schedulerd.raft.proposals import ProposalFailed
 from schedulerd.raft.pysyncobj_patches import PICKLE_PROTOCOL
 from schedulerd.storage import ops, queries
 from schedulerd.storage.ops import Op

@@ -12,7 +12,8 @@ import pytest
 
 from schedulerd.raft import group as group_mod
 from schedulerd.raft.conf import RaftConfig
-from schedulerd.raft.group import Group, ProposalFailed
+from schedulerd.raft.group import Group
+from schedulerd.raft.proposals import ProposalFailed
 from schedulerd.storage import queries
 from tests.integration.harness import free_ports, wait_until
 from tests.unit.test_group import FAST, create_blob, job_count, propose
