@@ -1,7 +1,11 @@
 """Raft settings for one node, with units in the names and their relations checked."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
+from typing import Any
+
+from pysyncobj import SyncObjConf
 
 SECRET_CHARS_MIN = 16
 
@@ -96,6 +100,28 @@ class RaftConfig:
             group_addr(addr, 0)
         if self.secret is not None and len(self.secret) < SECRET_CHARS_MIN:
             raise ValueError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")
+
+    def sync_conf(self, journal_path: str, **extra: Any) -> SyncObjConf:
+        """pysyncobj's settings for a group of this node (`extra` adds or overrides): a
+        durable journal, one append per proposal, our timings, compaction left to the
+        caller, members that change one at a time."""
+        settings: dict[str, Any] = dict(
+            journalFile=journal_path,
+            appendEntriesUseBatch=False,
+            appendEntriesPeriod=self.append_entries_period_s,
+            raftMinTimeout=self.election_timeout_s_min,
+            raftMaxTimeout=self.election_timeout_s_max,
+            connectionRetryTime=self.reconnect_s,
+            leaderFallbackTimeout=self.leader_fallback_s,
+            # pysyncobj's own rule (entries or seconds) is off: the caller decides.
+            logCompactionMinEntries=sys.maxsize,
+            logCompactionMinTime=float("inf"),
+            dynamicMembershipChange=True,
+            commandsWaitLeader=False,
+            password=self.secret,
+        )
+        settings.update(extra)
+        return SyncObjConf(**settings)
 
     def node_addrs(self, group: int) -> tuple[str, list[str]]:
         return group_addr(self.self_addr, group), [group_addr(p, group) for p in self.peers]

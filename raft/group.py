@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -110,24 +109,12 @@ class Group:
         self.peers = sorted(members - {self.self_addr})
         self._snapshots = SnapshotWriter(self.store, base + ".snapshot", self._snapshot_delay_s,
                                          conf.snapshot_write_bytes_per_s)
-        sconf = SyncObjConf(
-            journalFile=journal_path,
+        sconf = conf.sync_conf(
+            journal_path,
             fullDumpFile=base + ".snapshot",
             serializer=self._write_snapshot,
             serializeChecker=self._snapshots.state,
             deserializer=self._restore_snapshot,
-            appendEntriesUseBatch=False,
-            appendEntriesPeriod=conf.append_entries_period_s,
-            raftMinTimeout=conf.election_timeout_s_min,
-            raftMaxTimeout=conf.election_timeout_s_max,
-            connectionRetryTime=conf.reconnect_s,
-            leaderFallbackTimeout=conf.leader_fallback_s,
-            # pysyncobj's own rule (entries or seconds) is off: _compact_when_due decides.
-            logCompactionMinEntries=sys.maxsize,
-            logCompactionMinTime=float("inf"),
-            dynamicMembershipChange=True,
-            commandsWaitLeader=False,
-            password=conf.secret,
             # pysyncobj wraps each blob in its own call encoding: room for that on top.
             appendEntriesBatchSizeBytes=conf.entry_bytes_max + (64 << 10),
             logCompactionBatchSize=conf.snapshot_chunk_bytes,
@@ -139,10 +126,7 @@ class Group:
         # A journal that failed to write or sync cannot be trusted again: stop the
         # node (it replays on restart) instead of leaving pysyncobj half-alive.
         self.journal.on_error = lambda error: self._on_fatal(f"group={group_id} journal: {error}")
-        pysyncobj_patches.make_durable(self.replica, self.journal)
-        pysyncobj_patches.backtrack_to_commit_index(self.replica)
-        pysyncobj_patches.keep_next_index_on_late_acks(self.replica)
-        pysyncobj_patches.commit_only_what_matched(self.replica)
+        pysyncobj_patches.fix_log_replication(self.replica, self.journal)
         pysyncobj_patches.pace_snapshot_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
         pysyncobj_patches.answer_snapshot_pieces(self.replica)
         self.clocks = PeerClocks(clock_us or (lambda: time.time_ns() // 1000), 1 + len(self.peers),
@@ -251,15 +235,8 @@ class Group:
         return sorted([self.self_addr, *self.peers])
 
     def change_members(self, kind: str, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
-        """Add a member to the group or remove one ("add" | "remove"), on its leader: one
-        change at a time, and never the leader itself (transfer leadership first). The
-        future resolves once the change is committed; it fails with ProposalFailed."""
-        change = {"add": self.replica.addNodeToCluster, "remove": self.replica.removeNodeFromCluster}.get(kind)
-        if change is None:
-            raise ValueError(f"kind must be add or remove, not {kind!r}")
-        fut, done = proposals.callback(loop, f"{kind} {address}: ", change=True)
-        change(address, callback=done)
-        return fut
+        """Add ("add") or remove ("remove") a member of this group, on its leader (proposals.change_members)."""
+        return proposals.change_members(self.replica, kind, address, loop)
 
     def transfer_leadership(self, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Ask the leader to hand leadership to the member at `address`, which must be caught

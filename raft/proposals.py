@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from pysyncobj import FAIL_REASON
+from pysyncobj import FAIL_REASON, SyncObj
 
 
 class ProposalFailed(Exception):
@@ -62,3 +62,15 @@ def callback(loop: asyncio.AbstractEventLoop, what: str = "", change: bool = Fal
             post(result, error)
 
     return fut, done
+
+
+def change_members(replica: SyncObj, kind: str, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
+    """Add a member to the replica's group or remove one ("add" | "remove"), on its leader:
+    one change at a time, and never the leader itself (leadership is transferred first).
+    The future resolves once the change is committed; it fails with ProposalFailed."""
+    change = {"add": replica.addNodeToCluster, "remove": replica.removeNodeFromCluster}.get(kind)
+    if change is None:
+        raise ValueError(f"kind must be add or remove, not {kind!r}")
+    fut, done = callback(loop, f"{kind} {address}: ", change=True)
+    change(address, callback=done)
+    return fut

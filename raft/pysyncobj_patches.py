@@ -290,6 +290,16 @@ def make_durable(syncobj: SyncObj, journal: DurableJournal) -> None:
     tcp.send = send_after_sync
 
 
+def fix_log_replication(replica: SyncObj, journal: DurableJournal) -> None:
+    """The fixes every replica of ours takes, data group or metadata group: a durable log,
+    a stale follower caught up in one step, no resends on late acks, commits only on
+    appends that matched."""
+    make_durable(replica, journal)
+    backtrack_to_commit_index(replica)
+    keep_next_index_on_late_acks(replica)
+    commit_only_what_matched(replica)
+
+
 def _serializer(replica: SyncObj) -> Any:
     return replica._SyncObj__serializer
 

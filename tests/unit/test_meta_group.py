@@ -1,0 +1,65 @@
+"""raft.MetaGroup on real pysyncobj nodes over loopback: commands commit on every
+replica, a refused one changes nothing, a member is added to the metadata group itself,
+and a restarted replica rebuilds the registry from its journal."""
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from typing import Any
+
+import pytest
+
+from schedulerd.raft.conf import RaftConfig
+from schedulerd.raft.meta_group import MetaGroup
+from tests.integration.harness import free_ports, wait_until
+from tests.unit.test_group import FAST
+from tests.unit.test_meta import T0, nodes
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def run(loop: asyncio.AbstractEventLoop, fut: "asyncio.Future[Any]") -> Any:
+    return loop.run_until_complete(asyncio.wait_for(fut, 10))
+
+
+def test_the_registry_commits_everywhere_grows_a_member_and_survives_a_restart(
+        tmp_path: pathlib.Path, loop: asyncio.AbstractEventLoop) -> None:
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(4)]
+
+    def start(i: int) -> MetaGroup:
+        cfg = RaftConfig(self_addr=addrs[i], data_dir=str(tmp_path / f"n{i}"), **FAST)
+        return MetaGroup(addrs[i], [a for a in addrs[:3] if a != addrs[i]], cfg, on_fatal=pytest.fail)
+
+    replicas = {i: start(i) for i in range(3)}
+    try:
+        wait_until(lambda: any(r.is_leader() for r in replicas.values()), 15, "a leader")
+        leader = next(r for r in replicas.values() if r.is_leader())
+        result = run(loop, leader.propose({"op": "bootstrap", "cluster_id": "c1", "groups": 6,
+                                           "replication_factor": 3, "meta_replicas": 3, "nodes": nodes(3),
+                                           "now": T0}, loop))
+        assert result == {"ok": True, "epoch": 1}
+        refused = run(loop, leader.propose({"op": "set_state", "node_id": "n0", "state": "bogus", "now": T0}, loop))
+        assert refused["ok"] is False
+        joined = {"op": "register", "node_id": "n3", "http": "h:1", "raft": addrs[3], "now": T0 + 1}
+        assert run(loop, leader.propose(joined, loop)) == {"ok": True, "joined": True}
+        wait_until(lambda: all(r.view() == leader.view() for r in replicas.values()), 10, "replicas to agree")
+
+        replicas[3] = start(3)
+        run(loop, leader.change_members("add", addrs[3], loop))
+        assert leader.members() == sorted(addrs)
+        wait_until(lambda: replicas[3].view() == leader.view(), 10, "the new member to replay the log")
+
+        follower = next(i for i, r in replicas.items() if r is not leader and i < 3)
+        replicas[follower].destroy()
+        replicas[follower] = start(follower)
+        assert replicas[follower].members() == sorted(addrs)
+        wait_until(lambda: replicas[follower].view() == leader.view(), 10, "the restarted member to replay")
+        assert leader.view()["nodes"]["n3"]["raft"] == addrs[3]
+    finally:
+        for r in replicas.values():
+            r.destroy()
