@@ -39,7 +39,7 @@ def apply(state: dict[str, Any], command: dict[str, Any]) -> dict[str, Any]:
     handler = _HANDLERS.get(command.get("op", ""))
     if handler is None:
         return _refused(f"unknown op {command.get('op')!r}; known: {sorted(_HANDLERS)}")
-    if command["op"] != "bootstrap" and state["cluster"] is None:
+    if command["op"] not in ("bootstrap", "register") and state["cluster"] is None:
         return _refused("the cluster is not bootstrapped")
     scratch = copy.deepcopy(state)
     result = handler(scratch, command)
@@ -54,30 +54,33 @@ def _refused(error: str) -> dict[str, Any]:
 
 
 def _bootstrap(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    """Fix the cluster's shape and place the groups on the nodes it starts with, once each
+    of them registered (by its Raft address: every node computes the same first placement
+    from the same peer list before the metadata exists, placement.initial over the sorted
+    addresses, and the entry records that placement by node id)."""
     if state["cluster"] is not None:
         return _refused("the cluster is already bootstrapped")
-    nodes = c["nodes"]
-    ids = [n["node_id"] for n in nodes]
+    addrs = sorted(c["raft_addrs"])
     rf, groups, meta_n = c["replication_factor"], c["groups"], c["meta_replicas"]
     if rf not in placement.REPLICATION_FACTORS:
         return _refused(f"replication_factor must be one of {placement.REPLICATION_FACTORS}, not {rf}")
-    if len(set(ids)) != len(ids) or len({n["raft"] for n in nodes}) != len(nodes):
-        return _refused("node ids and Raft addresses must be distinct")
+    if len(set(addrs)) != len(addrs):
+        return _refused("the Raft addresses must be distinct")
     if meta_n not in META_REPLICAS:
         return _refused(f"meta_replicas must be one of {META_REPLICAS}, not {meta_n}")
     if not 1 <= groups <= 1024:
         return _refused(f"groups must be within 1..1024, not {groups}")
-    if len(ids) < rf:
-        return _refused(f"replication factor {rf} needs at least {rf} nodes; {len(ids)} given")
+    if len(addrs) < rf:
+        return _refused(f"replication factor {rf} needs at least {rf} nodes; {len(addrs)} given")
+    by_raft = {n["raft"]: node_id for node_id, n in state["nodes"].items()}
+    missing = [a for a in addrs if a not in by_raft]
+    if missing:
+        return _refused(f"waiting for {', '.join(missing)} to register")
     state["cluster"] = {"cluster_id": c["cluster_id"], "groups": groups, "replication_factor": rf,
                         "meta_replicas": meta_n, "created_us": c["now"]}
-    for n in nodes:
-        state["nodes"][n["node_id"]] = _node(n, c["now"])
-    layout = placement.initial(ids, range(groups), rf)
-    meta_size = min(meta_n, len(ids))
-    layout_meta = placement.initial(ids, [0], meta_size)[0]
-    state["placement"] = {str(g): list(members) for g, members in layout.items()}
-    state["placement"][META] = list(layout_meta)
+    layout = placement.initial(addrs, range(groups), rf)
+    state["placement"] = {str(g): sorted(by_raft[a] for a in members) for g, members in layout.items()}
+    state["placement"][META] = sorted(by_raft[a] for a in addrs)  # every first node; the driver trims it
     state["epoch"] = 1
     return {"ok": True, "epoch": 1}
 

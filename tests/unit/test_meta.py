@@ -16,10 +16,21 @@ def nodes(n: int) -> list[dict[str, Any]]:
     return [{"node_id": f"n{i}", "http": f"10.0.0.{i}:8080", "raft": f"10.0.0.{i}:9080"} for i in range(n)]
 
 
-def booted(n: int = 3, rf: int = 3, groups: int = 6) -> dict[str, Any]:
+def bootstrap(n: int, **change: Any) -> dict[str, Any]:
+    return {"op": "bootstrap", "cluster_id": "c1", "groups": 6, "replication_factor": 3, "meta_replicas": 3,
+            "raft_addrs": [node["raft"] for node in nodes(n)], "now": T0, **change}
+
+
+def registered(n: int) -> dict[str, Any]:
     state = meta.empty()
-    result = meta.apply(state, {"op": "bootstrap", "cluster_id": "c1", "groups": groups, "replication_factor": rf,
-                                 "meta_replicas": 3, "nodes": nodes(n), "now": T0})
+    for node in nodes(n):
+        assert meta.apply(state, {"op": "register", **node, "now": T0}) == {"ok": True, "joined": True}
+    return state
+
+
+def booted(n: int = 3, rf: int = 3, groups: int = 6) -> dict[str, Any]:
+    state = registered(n)
+    result = meta.apply(state, bootstrap(n, groups=groups, replication_factor=rf))
     assert result == {"ok": True, "epoch": 1}
     return state
 
@@ -31,13 +42,21 @@ def refused(state: dict[str, Any], command: dict[str, Any], error: str) -> None:
     assert state == before
 
 
-def test_bootstrap_places_every_group_on_rf_nodes_and_the_meta_group_apart() -> None:
+def test_bootstrap_places_every_group_on_rf_nodes_as_every_node_computed_it() -> None:
     state = booted(6, 3, 12)
     assert state["cluster"]["replication_factor"] == 3
     layout = meta.data_placement(state)
     assert len(layout) == 12 and all(len(m) == 3 for m in layout.values())
     assert placement.is_balanced(meta.node_states(state), layout, 3)
-    assert state["placement"][meta.META] == ["n0", "n1", "n2"]
+    by_raft = {n["raft"]: n["node_id"] for n in nodes(6)}
+    computed = placement.initial(by_raft, range(12), 3)  # what each node started from its peer list
+    assert layout == {g: tuple(sorted(by_raft[a] for a in m)) for g, m in computed.items()}
+    assert state["placement"][meta.META] == [f"n{i}" for i in range(6)]  # every first node, then trimmed
+
+
+def test_bootstrap_waits_for_every_first_node_to_register() -> None:
+    state = registered(2)
+    refused(state, bootstrap(3), "waiting for 10.0.0.2:9080 to register")
 
 
 @pytest.mark.parametrize("change, error", [
@@ -45,19 +64,16 @@ def test_bootstrap_places_every_group_on_rf_nodes_and_the_meta_group_apart() -> 
     ({"replication_factor": 5}, "replication factor 5 needs at least 5 nodes; 3 given"),
     ({"meta_replicas": 4}, "meta_replicas must be one of (3, 5), not 4"),
     ({"groups": 0}, "groups must be within 1..1024, not 0"),
-    ({"nodes": nodes(2) + nodes(2)[:1]}, "node ids and Raft addresses must be distinct"),
+    ({"raft_addrs": ["10.0.0.0:9080", "10.0.0.1:9080", "10.0.0.0:9080"]}, "the Raft addresses must be distinct"),
 ])
 def test_a_bad_bootstrap_is_refused(change: dict[str, Any], error: str) -> None:
-    command = {"op": "bootstrap", "cluster_id": "c1", "groups": 6, "replication_factor": 3, "meta_replicas": 3,
-               "nodes": nodes(3), "now": T0, **change}
-    refused(meta.empty(), command, error)
+    refused(registered(3), bootstrap(3, **change), error)
 
 
-def test_nothing_but_bootstrap_applies_to_an_empty_state_and_bootstrap_applies_once() -> None:
-    refused(meta.empty(), {"op": "register", **nodes(1)[0], "now": T0}, "not bootstrapped")
+def test_only_registrations_come_before_the_bootstrap_and_it_comes_once() -> None:
+    refused(registered(1), {"op": "set_state", "node_id": "n0", "state": "dead", "now": T0}, "not bootstrapped")
     state = booted()
-    refused(state, {"op": "bootstrap", "cluster_id": "c2", "groups": 1, "replication_factor": 1, "meta_replicas": 3,
-                    "nodes": nodes(1), "now": T0}, "already bootstrapped")
+    refused(state, bootstrap(3, cluster_id="c2"), "already bootstrapped")
     refused(state, {"op": "frobnicate"}, "unknown op 'frobnicate'")
 
 

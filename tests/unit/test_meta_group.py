@@ -13,7 +13,7 @@ from schedulerd.raft.conf import RaftConfig
 from schedulerd.raft.meta_group import MetaGroup
 from tests.integration.harness import free_ports, wait_until
 from tests.unit.test_group import FAST
-from tests.unit.test_meta import T0, nodes
+from tests.unit.test_meta import T0, bootstrap, nodes
 
 
 @pytest.fixture
@@ -39,9 +39,9 @@ def test_the_registry_commits_everywhere_grows_a_member_and_survives_a_restart(
     try:
         wait_until(lambda: any(r.is_leader() for r in replicas.values()), 15, "a leader")
         leader = next(r for r in replicas.values() if r.is_leader())
-        result = run(loop, leader.propose({"op": "bootstrap", "cluster_id": "c1", "groups": 6,
-                                           "replication_factor": 3, "meta_replicas": 3, "nodes": nodes(3),
-                                           "now": T0}, loop))
+        for node in nodes(3):
+            assert run(loop, leader.propose({"op": "register", **node, "now": T0}, loop))["ok"]
+        result = run(loop, leader.propose(bootstrap(3), loop))
         assert result == {"ok": True, "epoch": 1}
         refused = run(loop, leader.propose({"op": "set_state", "node_id": "n0", "state": "bogus", "now": T0}, loop))
         assert refused["ok"] is False
