@@ -41,6 +41,37 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def free_port_runs(n: int, width: int) -> list[int]:
+    """n first ports of `width` consecutive ports each, all free a moment ago (a node's
+    Raft port is the first of a run: its groups and its metadata group listen on the next)."""
+    held: list[socket.socket] = []
+    firsts: list[int] = []
+    try:
+        while len(firsts) < n:
+            held.append(_bound(0))
+            first = held[-1].getsockname()[1]
+            try:
+                for offset in range(1, width):
+                    held.append(_bound(first + offset))
+            except OSError:
+                continue  # a later port is taken: what is bound stays held, so it is not drawn again
+            firsts.append(first)
+        return firsts
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _bound(port: int) -> socket.socket:
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None

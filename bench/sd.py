@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common import (ROOT, WORKER_SLOTS, BenchError, CpuMeter, Record, die_with_parent, du_bytes, free_ports,
+from bench.common import (ROOT, WORKER_SLOTS, BenchError, CpuMeter, Record, die_with_parent, du_bytes, free_port_runs,
                           iso_us, percentile, rss_bytes, wait_until)
 from bench.feeder import QUEUE, create_jobs, feed_oneoff, job_body
 from bench.plan import OneOff
@@ -104,7 +104,7 @@ class Node:
 class SdCluster:
     def __init__(self, base_dir: str, n: int = 3, extra_args: tuple[str, ...] = ()) -> None:
         """extra_args: daemon flags every node gets after the ones the cluster needs."""
-        ports = free_ports(2 * n)
+        ports = free_port_runs(2 * n, 2)  # a node's Raft port and its metadata group's after it
         raft = [f"127.0.0.1:{ports[n + i]}" for i in range(n)]
         self.base_dir = base_dir
         self.nodes = [Node(f"n{i}", ports[i], raft[i], [r for j, r in enumerate(raft) if j != i],

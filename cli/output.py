@@ -119,7 +119,21 @@ def cluster_text(info: Mapping[str, Any]) -> str:
              group.get("commit_index"), group.get("last_applied"), _entry_versions(group))
             for group in info["groups"]]
     table = format_table(("GROUP", "LEADER", "TERM", "COMMIT", "APPLIED", "ENTRIES"), rows)
-    return f"node: {info.get('node')}\n{table}"
+    text = f"node: {info.get('node')}" + (f" ({info['node_id']})" if info.get("node_id") else "") + f"\n{table}"
+    if info.get("nodes"):
+        nodes = format_table(("NODE", "STATE", "HTTP", "RAFT", "GROUPS", "LEADS"), [
+            (n["node_id"], n["state"], n["http"], n["raft"], _numbers(n["groups"]), _numbers(n["leads"]))
+            for n in info["nodes"]])
+        shape = info.get("cluster") or {}
+        meta = info.get("meta") or {}
+        text += (f"\n\nnodes (replication factor {shape.get('replication_factor', '-')}, placement epoch "
+                 f"{info.get('placement_epoch')}; metadata group on {', '.join(meta.get('members', [])) or '-'}, "
+                 f"led by {meta.get('leader_node') or '-'}):\n{nodes}")
+    return text
+
+
+def _numbers(values: list[int]) -> str:
+    return ",".join(str(v) for v in values) or "-"
 
 
 def _entry_versions(group: Mapping[str, Any]) -> str:

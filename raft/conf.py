@@ -97,7 +97,7 @@ class RaftConfig:
         if not 1 <= self.groups <= 64:
             raise ValueError("groups must be 1..64")
         for addr in (self.self_addr, *self.peers):
-            group_addr(addr, 0)
+            group_addr(addr, self.groups)  # the metadata group's port, the highest, must exist
         if self.secret is not None and len(self.secret) < SECRET_CHARS_MIN:
             raise ValueError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")
 
@@ -122,6 +122,10 @@ class RaftConfig:
         )
         settings.update(extra)
         return SyncObjConf(**settings)
+
+    def meta_addrs(self) -> tuple[str, list[str]]:
+        """The metadata group listens on the port after the data groups' (Raft port + groups)."""
+        return self.node_addrs(self.groups)
 
     def node_addrs(self, group: int) -> tuple[str, list[str]]:
         return group_addr(self.self_addr, group), [group_addr(p, group) for p in self.peers]

@@ -67,7 +67,7 @@ class _Replica(SyncObj):
             self._group._commit_applied()
 
 
-def _fatal_default(message: str) -> None:
+def stop_node(message: str) -> None:
     log.critical("fatal_apply_error %s; stopping the node (it replays the entry on restart)", message)
     logging.shutdown()
     os._exit(70)
@@ -82,7 +82,7 @@ class Group:
     that commit, so whoever learns of an entry can read it on this node."""
 
     def __init__(self, group_id: int, conf: RaftConfig, on_applied: Applied | None = None,
-                 on_fatal: Callable[[str], None] = _fatal_default, clock_us: Callable[[], int] | None = None,
+                 on_fatal: Callable[[str], None] = stop_node, clock_us: Callable[[], int] | None = None,
                  leader_stamp: Stamp | None = None, peers: Sequence[str] | None = None) -> None:
         """`peers`: the other members this replica starts with when its data dir holds none
         of the group yet (a node joining it); by default the configured peers'. Once the

@@ -11,11 +11,12 @@ import copy
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
-from schedulerd.raft import journal, membership, proposals, pysyncobj_patches
+from schedulerd.raft import journal, membership, proposals, pysyncobj_patches, riders
 from schedulerd.raft.conf import RaftConfig
 from schedulerd.storage import codec, meta
 
@@ -30,6 +31,25 @@ class _MetaReplica(SyncObj):
     @replicated
     def apply_command(self, blob: bytes) -> dict[str, Any]:
         return self._owner._apply(blob)
+
+
+class HeardFrom:
+    """A rider that keeps, on the leader, when each follower last answered (monotonic s)."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+
+    def answer_fields(self) -> dict[str, Any]:
+        return {}
+
+    def append_fields(self) -> dict[str, Any]:
+        return {}
+
+    def heard_answer(self, node: Any, message: dict[str, Any]) -> None:
+        self.at[node.address] = time.monotonic()
+
+    def heard_append(self, message: dict[str, Any]) -> None:
+        """Followers learn nothing from this rider."""
 
 
 class MetaGroup:
@@ -54,6 +74,10 @@ class MetaGroup:
         pysyncobj_patches.fix_log_replication(self.replica, self.journal)
         pysyncobj_patches.watch_membership(self.replica, self._members_changed)
         self._members_changed()
+        self.heard = HeardFrom()
+        riders.install(pysyncobj_patches.transport(self.replica), [self.heard])
+        self._leader_since: float | None = None
+        self.replica.addOnTickCallback(self._note_leadership)
 
     def _apply(self, blob: bytes) -> dict[str, Any]:
         """Never raises into pysyncobj: a command it cannot read is refused like a bad one."""
@@ -67,6 +91,22 @@ class MetaGroup:
     def _members_changed(self) -> None:
         self.peers = sorted(node.address for node in self.replica.otherNodes)
         log.info("members_changed group=meta members=%s", ",".join(self.members()))
+
+    def _note_leadership(self) -> None:
+        if self.replica._isLeader():
+            if self._leader_since is None:
+                self._leader_since = time.monotonic()
+        else:
+            self._leader_since = None
+
+    def silence_s(self) -> dict[str, float]:
+        """On the leader: seconds since each other member last answered, counted from no
+        earlier than when this node became leader; empty on a follower."""
+        since = self._leader_since
+        if since is None or not self.replica._isLeader():
+            return {}
+        now = time.monotonic()
+        return {address: now - max(since, self.heard.at.get(address, since)) for address in self.peers}
 
     def members(self) -> list[str]:
         return sorted([self.self_addr, *self.peers])

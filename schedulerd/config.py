@@ -8,6 +8,7 @@ from schedulerd.api.exposure import ExposurePolicy
 from schedulerd.jobspec import TTL_S_MAX
 from schedulerd.limits import Limits
 from schedulerd.raft.conf import RaftConfig
+from schedulerd.storage import meta, placement
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,27 @@ class NodeConfig:
     sweep_interval_s: float = 1.0
     # How long a request waits for its entry to commit before answering 503.
     propose_timeout_s: float = 5.0
+    # Replicas of each data group (1, 3 or 5), fixed when the cluster is bootstrapped; None:
+    # 3, or 1 for a cluster that starts with fewer than 3 nodes.
+    replication_factor: int | None = None
+    # Replicas of the metadata group once the cluster has that many nodes (3 or 5).
+    meta_replicas: int = 3
+    # How often a node checks that the metadata knows it, and its leader whether to bootstrap
+    # and whom to declare suspect or dead.
+    registry_interval_s: float = 1.0
+    # Silence after which the metadata leader calls a node dead (--dead-node-timeout): its
+    # replicas are re-created elsewhere and it never serves again. It is suspect (keeps its
+    # replicas, takes no new ones) after suspect_after_s().
+    dead_node_timeout_s: float = 600.0
+
+    def suspect_after_s(self) -> float:
+        """5 s: a few missed heartbeats; sooner when the dead-node timeout is short (tests)."""
+        return min(5.0, self.dead_node_timeout_s / 2)
+
+    def first_replication_factor(self) -> int:
+        if self.replication_factor is not None:
+            return self.replication_factor
+        return 3 if 1 + len(self.raft.peers) >= 3 else 1
 
     def validate(self) -> None:
         self.raft.validate()
@@ -70,6 +92,17 @@ class NodeConfig:
             raise ValueError(f"request_bytes_max, create_entry_bytes_max and "
                              f"ack_entry_weight_max * ack_weight_bytes must stay under half of the Raft entry_bytes_max ({self.raft.entry_bytes_max}); "
                              f"the largest is {largest}")
+        if self.replication_factor not in (None, *placement.REPLICATION_FACTORS):
+            raise ValueError(f"replication_factor must be one of {placement.REPLICATION_FACTORS}")
+        if self.first_replication_factor() > 1 + len(self.raft.peers):
+            raise ValueError(f"replication_factor {self.first_replication_factor()} needs at least that many "
+                             f"nodes; this one and its peers are {1 + len(self.raft.peers)}")
+        if self.meta_replicas not in meta.META_REPLICAS:
+            raise ValueError(f"meta_replicas must be one of {meta.META_REPLICAS}")
+        if not 2 <= self.dead_node_timeout_s <= 7 * 86_400:
+            raise ValueError("dead_node_timeout_s must be within 2 seconds..7 days")
+        if not 0.05 <= self.registry_interval_s <= 60:
+            raise ValueError("registry_interval_s must be within 0.05..60 seconds")
         ExposurePolicy.build(self.http_host, self.allowed_hosts, self.allowed_origins)
         self.destinations.validate()
         if not 0 < self.http_port < 65536:

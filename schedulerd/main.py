@@ -68,7 +68,8 @@ async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = Non
         loop.add_signal_handler(sig, stop.set)
     # Always handled: the default action would end the node, and a unit's ExecReload sends it.
     loop.add_signal_handler(signal.SIGHUP, tokens.reload if tokens is not None else _nothing_to_reload)
-    log.info("node_started http=%s:%d raft=%s peers=%s data_dir=%s", config.http_host, config.http_port,
+    log.info("node_started node_id=%s http=%s:%d raft=%s peers=%s data_dir=%s",
+             node.topology.node_id if node.topology else "-", config.http_host, config.http_port,
              config.raft.self_addr, ",".join(config.raft.peers) or "-", config.raft.data_dir)
     await stop.wait()
     log.info("node_stopping")
@@ -88,7 +89,17 @@ def _nothing_to_reload() -> None:
 @click.option("--raft", "raft_addr", default=None,
               help="Raft HOST:PORT [default: 127.0.0.1, HTTP port + 1000; Raft is never exposed by default].")
 @click.option("--peers", default="", help="The other nodes' --raft addresses, comma-separated.")
-@click.option("--groups", default=1, show_default=True, help="Raft groups per node (each uses raft port + g).")
+@click.option("--groups", default=1, show_default=True,
+              help="Data Raft groups (group g uses the Raft port + g, the metadata group the Raft port + groups). "
+                   "Fixed when the cluster is bootstrapped.")
+@click.option("--replication-factor", type=click.Choice(["1", "3", "5"]), default=None,
+              help="Replicas of each data group, fixed when the cluster is bootstrapped "
+                   "[default: 3, or 1 when the cluster starts with fewer than 3 nodes].")
+@click.option("--meta-replicas", type=click.Choice(["3", "5"]), default="3", show_default=True,
+              help="Replicas of the metadata group (the node registry and the placement) once there are that many nodes.")
+@click.option("--dead-node-timeout", default="10m", show_default=True,
+              help="Silence after which a node is declared dead: its replicas are re-created on the "
+                   "others and it never serves again (wipe it and join it as a new node).")
 @click.option("--lease-s", default=30.0, show_default=True, help="Lease length per delivery, seconds.")
 @click.option("--compaction-entries", default=RaftConfig.compaction_entries_min, show_default=True,
               help="Snapshot LMDB and compact the Raft log once it holds more than this many entries "
@@ -134,7 +145,7 @@ def _nothing_to_reload() -> None:
               help="Allow a non-loopback --http without --tokens-file, or --raft without --cluster-secret-file.")
 @click.pass_context
 def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None, peers: str, groups: int,
-        lease_s: float, compaction_entries: int, compaction_journal_ratio: float,
+        replication_factor: str | None, meta_replicas: str, dead_node_timeout: str, lease_s: float, compaction_entries: int, compaction_journal_ratio: float,
         clock_offset_file: str | None, log_level: str,
         log_format: str, tokens_file: str | None, cluster_secret_file: str | None, tls_cert: str | None,
         tls_key: str | None, allowed_hosts: str, allowed_origins: str, target_allow: str, target_deny: str,
@@ -164,6 +175,9 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
                                             groups=groups, compaction_entries_min=compaction_entries,
                                             compaction_journal_ratio=compaction_journal_ratio, secret=secret),
                             http_host=host, http_port=port, lease_s=lease_s,
+                            replication_factor=int(replication_factor) if replication_factor else None,
+                            meta_replicas=int(meta_replicas),
+                            dead_node_timeout_s=_duration_s(dead_node_timeout, "--dead-node-timeout"),
                             limits=Limits().overridden(limit_settings), archive_dir=archive_dir,
                             finished_ttl_s=_ttl_s(finished_ttl),
                             allowed_hosts=_listed(allowed_hosts), allowed_origins=_listed(allowed_origins),
@@ -181,10 +195,14 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
 def _ttl_s(text: str) -> float:
     if text.strip() == "0":
         return 0.0
+    return _duration_s(text, "--finished-ttl")
+
+
+def _duration_s(text: str, flag: str) -> float:
     try:
-        return jobspec.parse_duration_us(text, "--finished-ttl") / US_PER_S
+        return jobspec.parse_duration_us(text, flag) / US_PER_S
     except SchedulerError as exc:
-        raise click.BadParameter(exc.message, param_hint="'--finished-ttl'") from None
+        raise click.BadParameter(exc.message, param_hint=f"'{flag}'") from None
 
 
 def _listed(text: str) -> tuple[str, ...]:

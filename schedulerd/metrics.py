@@ -227,9 +227,37 @@ class _StateCollector(Collector):
         truncated.add_metric([], 1 if cut else 0)
         yield from (jobs, runs, stored, overdue, overdue_age, depth, waiting, ready_age, truncated)
         yield from self._raft()
+        yield from self._topology()
         waiters = GaugeMetricFamily("schedulerd_poll_waiters", "Worker long-polls waiting on this node.")
         waiters.add_metric([], self.metrics.poll_waiters())
         yield waiters
+
+    def _topology(self) -> Iterator[Metric]:
+        """The registry and placement as this node's metadata replica has them (the same on
+        every node: query one, or max across them); silences only on the metadata leader."""
+        topology = self.metrics.node.topology
+        if topology is None:
+            return
+        figures = topology.figures({g.group_id: g.status()["leader"] for g in self.metrics.node.groups})
+        nodes = GaugeMetricFamily("schedulerd_nodes", "Registered nodes, by state.", labels=["state"])
+        for state, n in figures["nodes_by_state"].items():
+            nodes.add_metric([state], n)
+        under = GaugeMetricFamily("schedulerd_groups_under_replicated",
+                                  "Data groups with fewer alive or suspect members than the replication factor.")
+        under.add_metric([], figures["under_replicated"])
+        imbalance = GaugeMetricFamily("schedulerd_leader_imbalance",
+                                      "Most data-group leaders on one node minus the fewest on another.")
+        imbalance.add_metric([], figures["leader_imbalance"])
+        moves = CounterMetricFamily("schedulerd_placement_moves", "Replica moves recorded, by outcome.",
+                                    labels=["outcome"])
+        for outcome, n in figures["moves"].items():
+            moves.add_metric([outcome], n)
+        silence = GaugeMetricFamily("schedulerd_node_silence_seconds",
+                                    "On the metadata leader: seconds since each node was last heard.",
+                                    labels=["node_id"])
+        for node_id, seconds in figures["silence_s"].items():
+            silence.add_metric([node_id], seconds)
+        yield from (nodes, under, imbalance, moves, silence)
 
     def _raft(self) -> Iterator[Metric]:
         leader = GaugeMetricFamily("schedulerd_raft_is_leader", "1 when this node leads the group.", labels=["group"])

@@ -15,11 +15,12 @@ from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.diskguard import DiskGuard
 from schedulerd.errors import Conflict, OutcomeUnknown, Unavailable
-from schedulerd.raft.group import Group
+from schedulerd.raft.group import Group, stop_node
 from schedulerd.raft.proposals import ProposalFailed
 from schedulerd.storage import keys, ops
 from schedulerd.storage.ops import Op
 from schedulerd.storage.tables import Tables
+from schedulerd.topology import Topology
 
 log = logging.getLogger("schedulerd.node")
 
@@ -36,6 +37,7 @@ class Node:
         self.clock = clock
         self.loop: asyncio.AbstractEventLoop | None = None
         self.groups: list[Group] = []
+        self.topology: Topology | None = None
         self._ready_event = asyncio.Event()
         # Called in the Raft tick thread after each applied entry's commit (metrics).
         self.applied_listeners: list[Callable[[Op, dict[str, Any]], None]] = []
@@ -46,6 +48,8 @@ class Node:
         self.groups = [Group(g, self.config.raft, on_applied=self._on_applied, clock_us=self.clock.now_us,
                              leader_stamp=lease_time.stamp)
                        for g in range(self.config.raft.groups)]
+        self.topology = Topology(self.config, self.now_us, stop_node)
+        self.topology.start(loop)
 
     def now_us(self) -> int:
         """The cluster's time as this node knows it (raft/clocks.py): the time it stamps
@@ -56,6 +60,8 @@ class Node:
         return self.groups[0].clocks.cluster_now_us() if self.groups else self.clock.now_us()
 
     def stop(self) -> None:
+        if self.topology is not None:
+            self.topology.stop()
         for group in self.groups:
             group.destroy()
 

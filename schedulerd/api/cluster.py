@@ -22,13 +22,19 @@ _AUDIT_CURSOR = re.compile(r"(?:[0-9a-f]{2})*")
 
 
 async def cluster(request: web.Request) -> web.Response:
+    """This node and its groups (`node`, `groups`: what tools read before the topology
+    existed), and the registry and placement as its metadata replica has them."""
     node = request.app[NODE]
     leases = request.app[LEASES]
-    return views.respond({"node": node.config.raft.self_addr,
-                          "http": f"{node.config.http_host}:{node.config.http_port}",
-                          "clock": to_iso(node.clock.now_us()),
-                          "groups": [g.status() for g in node.groups],
-                          "poll_waiters": leases.waiters})
+    groups = [g.status() for g in node.groups]
+    body = {"node": node.config.raft.self_addr,
+            "http": f"{node.config.http_host}:{node.config.http_port}",
+            "clock": to_iso(node.clock.now_us()),
+            "groups": groups,
+            "poll_waiters": leases.waiters}
+    if node.topology is not None:
+        body.update(node.topology.status({g["group"]: g["leader"] for g in groups}))
+    return views.respond(body)
 
 
 async def queues(request: web.Request) -> web.Response:
@@ -97,6 +103,9 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     node = request.app[NODE]
     problems = _readiness_problems([g.status() for g in node.groups])
+    evicted = node.topology.evicted() if node.topology is not None else None
+    if evicted is not None:
+        problems.append(evicted)
     if problems:
         raise Unavailable("; ".join(problems))
     return views.respond({"ok": True})

@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from bench.common import free_ports  # noqa: F401  (re-exported: tests import it from here)
+from bench.common import free_port_runs, free_ports  # noqa: F401  (re-exported: tests import them from here)
 from schedulerd.sdk.worker import Task, Worker
 from tests.waiting import wait_until  # noqa: F401  (re-exported: the integration tests import it from here)
 
@@ -120,8 +119,8 @@ class Cluster:
     @classmethod
     def create(cls, base_dir: str, n: int, extra_args: list[str] | None = None,
                token: str | None = None, groups: int = 1) -> "Cluster":
-        """With groups > 1, node i's group g listens on its Raft port + g (--groups)."""
-        ports = free_port_runs(2 * n, groups)  # HTTP ports first; a run of `groups` is harmless there
+        """Node i's group g listens on its Raft port + g (--groups), its metadata group on + groups."""
+        ports = free_port_runs(2 * n, groups + 1)  # HTTP ports first; a run is harmless there
         raft = [f"127.0.0.1:{port}" for port in ports[n:]]
         if groups > 1:
             extra_args = [*(extra_args or []), "--groups", str(groups)]
@@ -164,36 +163,6 @@ class Cluster:
             return applied.pop() if len(applied) == 1 and commits == {max(commits)} and \
                 max(commits) == min(applied | {max(commits)}) else None
         return wait_until(same, timeout_s, "nodes to converge", interval_s=0.2)
-
-
-def free_port_runs(n: int, width: int) -> list[int]:
-    """n first ports of `width` consecutive ports each, all free a moment ago."""
-    held: list[socket.socket] = []
-    firsts: list[int] = []
-    try:
-        while len(firsts) < n:
-            held.append(_bound(0))
-            first = held[-1].getsockname()[1]
-            try:
-                for offset in range(1, width):
-                    held.append(_bound(first + offset))
-            except OSError:
-                continue  # a later port is taken: what is bound stays held, so it is not drawn again
-            firsts.append(first)
-        return firsts
-    finally:
-        for sock in held:
-            sock.close()
-
-
-def _bound(port: int) -> socket.socket:
-    sock = socket.socket()
-    try:
-        sock.bind(("127.0.0.1", port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def lmdb_digest(path: str) -> str:

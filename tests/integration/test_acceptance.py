@@ -63,7 +63,7 @@ def test_schedctl_against_a_real_node(make_cluster) -> None:
 
 def _dev_cluster_ports(base: int, nodes: int) -> list[int]:
     """Every port `dev-cluster --base-port base` binds: HTTP base + i, Raft as main.dev_cluster lays it out."""
-    return [base + i for i in range(nodes)] + [base + RAFT_PORT_OFFSET + 100 * i for i in range(nodes)]
+    return [base + i for i in range(nodes)] + [base + RAFT_PORT_OFFSET + 100 * i + k for i in range(nodes) for k in (0, 1)]
 
 
 def _all_free(ports: list[int]) -> bool:

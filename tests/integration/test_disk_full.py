@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.harness import NodeProc, free_ports, wait_until
+from tests.integration.harness import NodeProc, free_port_runs, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ def small_disk(tmp_path):
 
 
 def test_full_disk_gives_503_and_recovers(small_disk, tmp_path) -> None:
-    http_port, raft_port = free_ports(2)
+    http_port, raft_port = free_port_runs(2, 2)
     node = NodeProc("n0", http_port, f"127.0.0.1:{raft_port}", [], str(small_disk / "data"),
                     str(tmp_path / "n0.log"))
     node.start()

@@ -27,7 +27,7 @@ from schedulerd.limits import Limits
 from schedulerd.node import Node
 from schedulerd.raft.conf import RaftConfig
 from schedulerd.storage.tables import DB_NAMES, LAST_APPLIED
-from tests.integration.harness import free_ports, wait_until
+from tests.integration.harness import free_port_runs, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ ROUTES = sorted((method.upper(), path) for path, ops in openapi.operations(Limit
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[asyncio.AbstractEventLoop, TestClient, Node]]:
-    (port,) = free_ports(1)
+    (port,) = free_port_runs(1, 2)  # the Raft port, and the metadata group's after it
     data = tmp_path_factory.mktemp("fuzz")
     config = NodeConfig(raft=RaftConfig(self_addr=f"127.0.0.1:{port}", data_dir=str(data)),
                         limits=Limits(long_poll_s_max=0.5, body_read_s_max=0.5))

@@ -72,3 +72,7 @@ def test_metrics_follow_jobs_runs_queues_raft_and_http(make_cluster) -> None:
     assert value(samples, "schedulerd_http_request_duration_seconds_count",
                  method="POST", route="/v1/tasks/{run_id}/nack", status="200") == 1
     assert value(samples, "schedulerd_metrics_scan_truncated") == 0
+    assert value(samples, "schedulerd_nodes", state="alive") == 1
+    assert value(samples, "schedulerd_groups_under_replicated") == 0
+    assert value(samples, "schedulerd_leader_imbalance") == 0
+    assert value(samples, "schedulerd_placement_moves_total", outcome="done") == 0

@@ -17,7 +17,7 @@ import pytest
 from schedulerd.errors import Forbidden, NotFound, Unauthorized
 from schedulerd.sdk.client import Client
 from schedulerd.sdk.worker import Task, Worker
-from tests.integration.harness import NodeProc, free_ports, http, running, wait_until
+from tests.integration.harness import NodeProc, free_port_runs, http, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -143,7 +143,7 @@ def test_the_worker_sdk_sends_its_token(make_cluster, tmp_path: pathlib.Path) ->
 
 
 def test_exposing_an_open_api_or_plain_raft_is_refused(tmp_path: pathlib.Path) -> None:
-    http_port, raft_port = free_ports(2)
+    http_port, raft_port = free_port_runs(2, 2)
     base = [sys.executable, "-m", "schedulerd.main", "--data-dir", str(tmp_path / "d")]
     refused = subprocess.run([*base, "--http", f"0.0.0.0:{http_port}"], capture_output=True, text=True, timeout=30)
     assert refused.returncode == 2 and "no --tokens-file" in refused.stderr
