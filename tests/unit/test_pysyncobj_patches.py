@@ -107,23 +107,29 @@ def test_a_leader_tells_followers_of_a_commit_before_it_applies_it(nets: list[Ne
     assert _followers_told_before_leader_applies(nets, patched=True)
 
 
+def _cut_off_leader(net: Net, a: Replica, b: Replica, uncommitted: int, committed: int) -> None:
+    """`a` leads and commits three entries, is cut off and appends `uncommitted` more that
+    nobody else gets; `b` is elected and commits `committed` entries without it."""
+    net.elect(a)
+    for i in range(3):
+        a.add(("a", i))
+    net.settle(3)
+    net.cut.add(a.selfNode.address)
+    for i in range(uncommitted):
+        a.add(("uncommitted", i))
+    net.tick(a, times=2)
+    net.elect(b)
+    for i in range(committed):
+        b.add(("b", i))
+    net.settle(3)
+
+
 def _stale_follower_catches_up(nets: list[Net], patch: Callable[[Replica], None] | None) -> bool:
     """A cut-off leader holding uncommitted entries rejoins a cluster whose new leader sends
     several small batches per heartbeat: does it catch up within 30 heartbeats?"""
     net, (a, b, c) = _cluster(patch, appendEntriesBatchSizeBytes=64)
     nets.append(net)
-    net.elect(a)
-    for i in range(3):
-        a.add(("a", i))
-    net.settle(3)
-    net.cut.add("n1:1")
-    for i in range(10):
-        a.add(("stale", i))
-    net.tick(a, times=2)
-    net.elect(b)
-    for i in range(30):
-        b.add(("b", i))
-    net.settle(3)
+    _cut_off_leader(net, a, b, uncommitted=10, committed=30)
     net.cut.clear()
     for _ in range(30):
         pysyncobj_patches.send_append_entries(b)  # a heartbeat
@@ -175,18 +181,7 @@ def _cut_off_leader_applies(nets: list[Net], patch: Callable[[Replica], None] | 
     so the old one is sent a snapshot, a piece at a time. What did the old leader apply?"""
     net, (a, b, c) = _cluster(patch, logCompactionBatchSize=50)
     nets.append(net)
-    net.elect(a)
-    for i in range(3):
-        a.add(("a", i))
-    net.settle(3)
-    net.cut.add("n1:1")
-    for i in range(4):
-        a.add(("uncommitted", i))
-    net.tick(a, times=2)
-    net.elect(b)
-    for i in range(10):
-        b.add(("b", i))
-    net.settle(3)
+    _cut_off_leader(net, a, b, uncommitted=4, committed=10)
     b.forceLogCompaction()
     net.tick(b, times=3)
     net.cut.clear()
