@@ -83,10 +83,13 @@ class Group:
 
     def __init__(self, group_id: int, conf: RaftConfig, on_applied: Applied | None = None,
                  on_fatal: Callable[[str], None] = stop_node, clock_us: Callable[[], int] | None = None,
-                 leader_stamp: Stamp | None = None, peers: Sequence[str] | None = None) -> None:
+                 leader_stamp: Stamp | None = None, peers: Sequence[str] | None = None,
+                 joining: bool = False) -> None:
         """`peers`: the other members this replica starts with when its data dir holds none
-        of the group yet (a node joining it); by default the configured peers'. Once the
-        group has a journal or snapshot here, the members are the ones its log says."""
+        of the group yet; by default the configured peers'. Once the group has a journal or
+        snapshot here, the members are the ones its log says. `joining`: this replica is
+        being added to a running group (not one of its first members), so it votes only once
+        its log holds the entry that adds it (pysyncobj_patches.no_votes_before_joining)."""
         self.group_id = group_id
         self.conf = conf
         self._on_applied = on_applied
@@ -127,6 +130,8 @@ class Group:
         # node (it replays on restart) instead of leaving pysyncobj half-alive.
         self.journal.on_error = lambda error: self._on_fatal(f"group={group_id} journal: {error}")
         pysyncobj_patches.fix_log_replication(self.replica, self.journal)
+        if joining:
+            pysyncobj_patches.no_votes_before_joining(self.replica)
         pysyncobj_patches.pace_snapshot_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
         pysyncobj_patches.answer_snapshot_pieces(self.replica)
         self.clocks = PeerClocks(clock_us or (lambda: time.time_ns() // 1000), 1 + len(self.peers),

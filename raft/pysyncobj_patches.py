@@ -15,8 +15,11 @@ The patches, each a function below with the misbehaviour it fixes:
   journal pysyncobj is made to create (`replace_journal_factory`);
 - snapshot transfers that finish (`pace_snapshot_sends`, `answer_snapshot_pieces`,
   `forget_snapshot_transfers`);
-- membership: what a journal entry changes (`membership_change`), and a callback on every
-  change of members a replica takes on (`watch_membership`).
+- membership: one change in flight at a time (`one_membership_change_at_a_time`), no vote
+  from a replica that has not yet joined (`no_votes_before_joining`), a removed member
+  heard until its removal commits (`hear_removed_nodes_until_committed`), what a
+  journal entry changes (`membership_change`), and a callback on every change of members
+  a replica takes on (`watch_membership`).
 tests/unit/test_pysyncobj_patches.py replays each misbehaviour on real SyncObjs over a
 hand-driven network, and checks it shows without the patch and not with it.
 
@@ -189,6 +192,101 @@ def membership_change(command: bytes) -> tuple[str, str] | None:
     return ("add" if kind == "add" else "remove"), node_id
 
 
+def one_membership_change_at_a_time(replica: SyncObj) -> None:
+    """A leader refuses a membership change while its previous one is not committed.
+
+    pysyncobj 0.3.17 means to (`__changeCluster` refuses while `__changeClusterIDx` is set
+    and not yet applied) but never sets that index, so a leader appended one change after
+    another. Two single-server changes in flight at once allow two configurations whose
+    majorities do not overlap: in the membership fuzz (tests/unit/test_membership_fuzz.py)
+    a leader cut off with one side committed entries with one member while the other side
+    elected a leader and committed different ones at the same indexes (Raft's thesis,
+    section 4.1: a change may start only once the previous one is committed)."""
+    change = replica._SyncObj__changeCluster
+
+    def one_at_a_time(request: Any) -> bool:
+        index = replica._SyncObj__getCurrentLogIndex() + 1  # where the leader appends it
+        done = change(request)
+        if done:
+            replica._SyncObj__changeClusterIDx = index
+        return done
+
+    replica._SyncObj__changeCluster = one_at_a_time
+
+
+def no_votes_before_joining(replica: SyncObj) -> None:
+    """A replica started to join a running group grants no vote until its log holds the
+    entry that adds it.
+
+    pysyncobj knows members by address only. A node removed from a group and later added
+    back empty on the same address (a replacement, or a wiped disk) is still a voter in the
+    old configuration of any member that missed the changes since, and with an empty log it
+    votes for whoever asks: in the membership fuzz such a stale member won an election with
+    its vote and committed entries at indexes the group had already committed differently.
+    Until the joiner has the entry adding it, it has nothing a vote could be judged by."""
+    tcp = transport(replica)
+    handle = tcp._onMessageReceivedCallback
+    self_id = replica.selfNode.id
+    joined = [False]
+
+    def on_message(node: Any, message: dict[str, Any]) -> None:
+        if message.get("type") == "request_vote" and not joined[0]:
+            joined[0] = any(membership_change(entry[0]) == ("add", self_id) for entry in raft_log(replica)[:])
+            if not joined[0]:
+                return
+        handle(node, message)
+
+    tcp._onMessageReceivedCallback = on_message
+
+
+def hear_removed_nodes_until_committed(replica: SyncObj) -> None:
+    """A node stops taking a removed member's traffic only once the removal is committed.
+
+    pysyncobj takes on a membership change when it appends it, and its TCP transport then
+    hangs up on the removed address at once. A removal that never commits (its leader was
+    cut off and a new one does not have it) so left a member deaf to a node that is still a
+    member, possibly the next leader: in the membership fuzz a group of four ended with no
+    leader it could elect. Raft asks servers to take messages from any server; only a
+    removed member's own disruption is to be kept out, and that once it is out for good.
+    What such a node sends that only a member may (an answer to an append, a vote) is
+    dropped: pysyncobj would count the vote, and fail on the answer."""
+    change = replica._SyncObj__doChangeCluster
+    apply_command = replica._SyncObj__doApplyCommand
+    tcp = transport(replica)
+    drop = tcp.dropNode
+    node_class = replica._SyncObj__nodeClass
+    handle = tcp._onMessageReceivedCallback
+
+    def on_message(node: Any, message: dict[str, Any]) -> None:
+        if message.get("type") in _MEMBERS_ONLY and node not in replica._SyncObj__otherNodes:
+            return
+        handle(node, message)
+
+    def changed(request: Any, reverse: bool = False) -> bool:
+        if request[0] != "rem" or reverse:
+            return change(request, reverse)
+        tcp.dropNode = lambda node: None
+        try:
+            return change(request, reverse)
+        finally:
+            tcp.dropNode = drop
+
+    def applied(command: bytes) -> Any:
+        result = apply_command(command)
+        removal = membership_change(command)
+        if removal is not None and removal[0] == "remove" and removal[1] != replica.selfNode.id \
+                and all(node.id != removal[1] for node in replica.otherNodes):
+            drop(node_class(removal[1]))
+        return result
+
+    replica._SyncObj__doChangeCluster = changed
+    replica._SyncObj__doApplyCommand = applied
+    tcp._onMessageReceivedCallback = on_message
+
+
+_MEMBERS_ONLY = frozenset({"next_node_idx", "response_vote"})
+
+
 def watch_membership(replica: SyncObj, on_change: Callable[[], None]) -> None:
     """Call `on_change` (tick thread) after each change of the replica's members it takes
     on: when it appends one, when it applies one replaying its journal, when a truncation
@@ -293,11 +391,14 @@ def make_durable(syncobj: SyncObj, journal: DurableJournal) -> None:
 def fix_log_replication(replica: SyncObj, journal: DurableJournal) -> None:
     """The fixes every replica of ours takes, data group or metadata group: a durable log,
     a stale follower caught up in one step, no resends on late acks, commits only on
-    appends that matched."""
+    appends that matched, one membership change at a time, removed members heard until
+    the removal commits."""
     make_durable(replica, journal)
     backtrack_to_commit_index(replica)
     keep_next_index_on_late_acks(replica)
     commit_only_what_matched(replica)
+    one_membership_change_at_a_time(replica)
+    hear_removed_nodes_until_committed(replica)
 
 
 def _serializer(replica: SyncObj) -> Any:

@@ -67,6 +67,7 @@ class Link(Transport):
         super().__init__(None, node, [])
         self.net, self.node = net, node
         self._connections: dict[Any, _Conn] = {}
+        self.known: set[str] = set()  # addresses it takes connections from, as TCPTransport's node map
 
     def send(self, node: Any, message: dict[str, Any]) -> bool:
         self.net.post(self.node, node, message)
@@ -74,9 +75,11 @@ class Link(Transport):
 
     def addNode(self, node: Any) -> None:
         """A membership change added `node`: connect to it (if it runs) both ways."""
+        self.known.add(node.address)
         self.net.connect(self.node.address, node.address)
 
     def dropNode(self, node: Any) -> None:
+        self.known.discard(node.address)
         conn = self._connections.pop(node, None)
         if conn is not None:
             conn.close()
@@ -94,6 +97,7 @@ class Net:
     def start(self, addrs: list[str], conf: Callable[[str], SyncObjConf]) -> list[Replica]:
         for addr in addrs:
             self.replicas[addr] = Replica(addr, [a for a in addrs if a != addr], conf(addr), self)
+            self.link(self.replicas[addr]).known = set(addrs) - {addr}
         for addr in addrs:
             for other in self.replicas[addr].otherNodes:
                 self.connect(addr, other.address)
@@ -102,6 +106,7 @@ class Net:
     def add(self, addr: str, peers: list[str], conf: SyncObjConf) -> Replica:
         """Start one more node that knows `peers` (as a node joining a group does)."""
         self.replicas[addr] = replica = Replica(addr, peers, conf, self)
+        self.link(replica).known = set(peers) - {addr}
         for peer in peers:
             self.connect(addr, peer)
         return replica
@@ -126,7 +131,7 @@ class Net:
             replica = self.replicas[src]
             link = self.link(replica)
             node = next((n for n in replica.otherNodes if n.address == dst), None)
-            if node is not None and node not in link._connections:
+            if node is not None and dst in link.known and node not in link._connections:
                 link._connections[node] = _Conn(self, replica.selfNode, node)
                 link._onNodeConnected(node)
 
@@ -158,7 +163,8 @@ class Net:
             src, dst, data = picked
             receiver = self.replicas.get(dst.address)
             # pysyncobj's TCP transport hangs up on a node it does not list (a removed one).
-            if src.address in self.cut or dst.address in self.cut or receiver is None or src not in receiver.otherNodes:
+            if src.address in self.cut or dst.address in self.cut or receiver is None or \
+                    src.address not in self.link(receiver).known:
                 continue
             self.link(receiver)._onMessageReceivedCallback(src, pysyncobj.pickle.loads(data))
             done += 1

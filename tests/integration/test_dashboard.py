@@ -66,6 +66,9 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
         assert set(jobs) == {"nightly-report", "charge-card", "hourly-sync"}
         groups = browser.run_js("return document.querySelectorAll('#cluster tr[data-group]').length")
         assert groups == 1
+        wait_until(lambda: browser.run_js(
+            "return [...document.querySelectorAll('#nodes tr[data-node-id]')].map(r => r.dataset.state)")
+            == ["alive"] * 3, 15, "the three nodes, alive, in the nodes table")
         assert browser.run_js("return document.getElementById('health').textContent") == "ready"
 
         browser.click('#jobs tr[data-job-id="nightly-report"]')

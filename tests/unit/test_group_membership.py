@@ -47,7 +47,7 @@ def test_a_group_grows_loses_a_follower_and_restarts_with_the_members_its_log_ha
         cfg = RaftConfig(self_addr=addrs[i], peers=tuple(a for a in first if a != addrs[i]),
                          data_dir=str(tmp_path / f"n{i}"), compaction_entries_min=10,
                          compaction_journal_ratio=0, **FAST)
-        return Group(0, cfg, on_fatal=pytest.fail)
+        return Group(0, cfg, on_fatal=pytest.fail, joining=addrs[i] not in first)
 
     groups = {i: start(i) for i in range(3)}
     try:

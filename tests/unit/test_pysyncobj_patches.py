@@ -418,3 +418,77 @@ def test_a_restart_takes_the_members_from_the_log_not_from_its_arguments(nets: l
     assert membership.members_in_log({"n1:1", "n2:1", "n3:1", "n4:1"}, 0, log_[:]) == {"n1:1", "n3:1", "n4:1"}
     # a snapshot's members stand for every entry up to its last one
     assert membership.members_in_log({"n1:1", "n3:1", "n4:1"}, log_[-1][1], log_[:]) == {"n1:1", "n3:1", "n4:1"}
+
+
+def _second_change_while_first_uncommitted(nets: list[Net], patched: bool) -> tuple[list[int], int]:
+    """A leader whose followers hear nothing is asked to add one node and then another:
+    what did the second request get, and how many membership entries does its log hold?"""
+    net, (leader, b, c) = _cluster(pysyncobj_patches.one_membership_change_at_a_time if patched else None,
+                                   dynamicMembershipChange=True)
+    nets.append(net)
+    net.elect(leader)
+    net.settle(2)
+    net.cut.update({"n2:1", "n3:1"})  # nothing the leader appends now commits
+    answers: list[int] = []
+    leader.addNodeToCluster("n4:1", callback=lambda result, error: answers.append(error))
+    net.tick(leader)
+    leader.addNodeToCluster("n5:1", callback=lambda result, error: answers.append(error))
+    net.tick(leader)
+    changes = sum(1 for e in pysyncobj_patches.raft_log(leader)[:] if pysyncobj_patches.membership_change(e[0]))
+    return answers, changes
+
+
+def test_a_leader_starts_no_membership_change_before_the_last_one_committed(nets: list[Net]) -> None:
+    answers, changes = _second_change_while_first_uncommitted(nets, patched=False)
+    assert changes == 2  # two single-server changes in flight: majorities that need not overlap
+    answers, changes = _second_change_while_first_uncommitted(nets, patched=True)
+    assert changes == 1 and answers == [FAIL_REASON.REQUEST_DENIED]
+
+
+def _joiner_votes(nets: list[Net], patched: bool) -> list[str]:
+    """A node started to join the group, before the entry adding it reached it, is asked for
+    its vote: what does it answer?"""
+    net, (leader, b, c) = _cluster(None, dynamicMembershipChange=True)
+    nets.append(net)
+    net.elect(leader)
+    net.settle(2)
+    joiner = net.add("n4:1", ["n1:1", "n2:1", "n3:1"], conf(dynamicMembershipChange=True))
+    if patched:
+        pysyncobj_patches.no_votes_before_joining(joiner)
+    start = len(net.sent)
+    net.link(b).send(joiner.selfNode, {"type": "request_vote", "term": 99, "last_log_index": 1, "last_log_term": 0})
+    net.deliver()
+    return [m["type"] for src, dst, m in net.sent[start:] if src == "n4:1"]
+
+
+def test_a_node_that_has_not_joined_yet_grants_no_vote(nets: list[Net]) -> None:
+    assert _joiner_votes(nets, patched=False) == ["response_vote"]  # an empty log judges nothing
+    assert _joiner_votes(nets, patched=True) == []
+
+
+def _cut_off_leader_hears_the_new_one(nets: list[Net], patched: bool) -> bool:
+    """A leader cut off from the group appends the removal of a follower, which never
+    commits; that follower is elected. Once the network heals, does the old leader follow it?"""
+    net, (a, b, c) = _cluster(pysyncobj_patches.hear_removed_nodes_until_committed if patched else None,
+                              dynamicMembershipChange=True)
+    nets.append(net)
+    net.elect(a)
+    net.settle(2)
+    net.cut.add("n1:1")
+    a.removeNodeFromCluster("n2:1")
+    net.tick(a)
+    net.elect(b)
+    for i in range(3):
+        b.add(i)
+    net.settle(3)
+    net.cut.clear()
+    for _ in range(5):
+        pysyncobj_patches.send_append_entries(b)
+        net.tick()
+        net.deliver()
+    return a.applied == b.applied == [0, 1, 2] and not a._isLeader()
+
+
+def test_a_removal_that_never_committed_does_not_make_a_node_deaf(nets: list[Net]) -> None:
+    assert not _cut_off_leader_hears_the_new_one(nets, patched=False)
+    assert _cut_off_leader_hears_the_new_one(nets, patched=True)
