@@ -22,8 +22,6 @@ from schedulerd.storage import codec, meta
 
 log = logging.getLogger("schedulerd.raft")
 
-META_SLOWER = 3
-
 
 class _MetaReplica(SyncObj):
     def __init__(self, owner: "MetaGroup", self_addr: str, peers: list[str], conf: SyncObjConf) -> None:
@@ -69,16 +67,7 @@ class MetaGroup:
         journal.install(lambda path: log_journal)
         members = membership.members_in_log({self_addr, *peers}, 0, log_journal[:])
         self.peers = sorted(members - {self_addr})
-        # Nothing waits on the metadata group but placement and liveness: it ticks and
-        # heartbeats a third as often as a data group, so its thread takes the GIL from the
-        # data groups' tick threads less.
-        slow = META_SLOWER
-        sconf = conf.sync_conf(journal_path, autoTickPeriod=slow * 0.05,
-                               appendEntriesPeriod=slow * conf.append_entries_period_s,
-                               raftMinTimeout=slow * conf.election_timeout_s_min,
-                               raftMaxTimeout=slow * conf.election_timeout_s_max,
-                               leaderFallbackTimeout=slow * conf.leader_fallback_s,
-                               connectionTimeout=max(3.5, slow * conf.election_timeout_s_max))
+        sconf = conf.sync_conf(journal_path)
         self.replica = _MetaReplica(self, self_addr, self.peers, sconf)
         self.journal = journal.journal_for(journal_path)
         self.journal.on_error = lambda error: on_fatal(f"group=meta journal: {error}")
