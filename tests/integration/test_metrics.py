@@ -72,7 +72,9 @@ def test_metrics_follow_jobs_runs_queues_raft_and_http(make_cluster) -> None:
     assert value(samples, "schedulerd_http_request_duration_seconds_count",
                  method="POST", route="/v1/tasks/{run_id}/nack", status="200") == 1
     assert value(samples, "schedulerd_metrics_scan_truncated") == 0
-    assert value(samples, "schedulerd_nodes", state="alive") == 1
+    # The node registers once its metadata group has elected itself: wait for that, not for luck.
+    samples = wait_until(lambda: (lambda s: s if value(s, "schedulerd_nodes", state="alive") == 1 else None)(
+        scrape(node.url)), 15, "the node in the registry")
     assert value(samples, "schedulerd_groups_under_replicated") == 0
     assert value(samples, "schedulerd_leader_imbalance") == 0
     assert value(samples, "schedulerd_placement_moves_total", outcome="done") == 0
