@@ -90,16 +90,34 @@ def _server_urls(server: str) -> tuple[str, ...]:
     return tuple(url if "://" in url else f"http://{url}" for url in urls if url)
 
 
-@click.command()
+@click.group(invoke_without_command=True)
+@click.pass_context
+def cluster(ctx: click.Context) -> None:
+    """Show the cluster's nodes (state, groups held and led) and this node's Raft groups.
+
+    \b
+    Examples:
+        schedctl --server http://10.0.0.2:8080 cluster
+        schedctl cluster remove-node n-3f2a9c01b7de
+    """
+    if ctx.invoked_subcommand is None:
+        session: Session = ctx.obj
+        session.show(session.client.cluster(), cluster_text)
+
+
+@cluster.command("remove-node")
+@click.argument("node_id")
 @click.pass_obj
-def cluster(session: Session) -> None:
-    """Show this node's Raft groups: leader, term, commit and applied index.
+def remove_node(session: Session, node_id: str) -> None:
+    """Drain NODE_ID out of the cluster (admin token): its replicas move to the other nodes,
+    then it leaves every group and stops serving. `schedctl cluster` shows the progress.
 
     \b
     Example:
-        schedctl --server http://10.0.0.2:8080 cluster
+        schedctl --token "$ADMIN_TOKEN" cluster remove-node n-3f2a9c01b7de
     """
-    session.show(session.client.cluster(), cluster_text)
+    answer = session.client.remove_node(node_id)
+    session.show(answer, lambda a: f"node {a['node_id']} is {a['state']}: its replicas move to the other nodes")
 
 
 @click.command("top")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,6 +125,15 @@ class Cluster:
             if os.path.exists(path):
                 os.remove(path)
                 self.history.add("disk", node=node.idx, event="free")
+
+    def wipe(self, i: int) -> None:
+        """Empty node i's data dir (a stopped node's: the machine lost its disk)."""
+        node = self.nodes[i]
+        assert node.proc is None, "wipe a stopped node"
+        for name in os.listdir(node.data_dir):
+            path = os.path.join(node.data_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        self.history.add("disk", node=i, event="wipe")
 
     def kill(self, i: int) -> None:
         node = self.nodes[i]

@@ -18,7 +18,7 @@ from history import History
 from net import Net
 from workers import WorkerPool
 
-KINDS = ("kill", "pause", "partition", "clock", "worker", "disk")
+KINDS = ("kill", "pause", "partition", "clock", "worker", "disk", "membership")
 VARIANTS = {
     "kill": ("leader", "follower", "all"),
     "pause": ("leader-election", "leader-lease"),
@@ -26,6 +26,9 @@ VARIANTS = {
     "clock": ("bump", "strobe"),
     "worker": ("kill", "isolate"),
     "disk": ("full-leader", "full-follower"),
+    # A follower's machine loses its disk and comes back on its address as a new node: the
+    # old node is declared dead, its replicas are taken out and re-created on the new one.
+    "membership": ("replace-follower",),
 }
 LEADER_LOSS = {("kill", "leader"), ("kill", "all"), ("pause", "leader-election"), ("pause", "leader-lease"),
                ("partition", "isolate-leader")}
@@ -57,6 +60,8 @@ def _hold_s(kind: str, variant: str, rng: random.Random, lease_s: float) -> floa
         return rng.uniform(5.0, 10.0)
     if kind == "disk":
         return rng.uniform(4.0, 8.0)
+    if kind == "membership":  # the replacement's snapshot transfer and catch-up happen in it
+        return rng.uniform(8.0, 12.0)
     return rng.uniform(1.0, 3.0) if variant == "kill" else lease_s + rng.uniform(2.0, 4.0)
 
 
@@ -109,7 +114,7 @@ class Nemesis:
 
     def _one(self, fault: Fault) -> None:
         # Node faults are aimed relative to the leader (it, or one of its followers).
-        needs_leader = fault.kind in ("kill", "partition", "pause", "disk")
+        needs_leader = fault.kind in ("kill", "partition", "pause", "disk", "membership")
         leader = self.cluster.wait_leader(LEADER_WAIT_S) if needs_leader else None
         if needs_leader and leader is None:
             self.history.add("nemesis_skipped", n=fault.n, kind=fault.kind, variant=fault.variant,
@@ -147,6 +152,11 @@ class Nemesis:
         if k == "clock":
             node = int(fault.pick * n)
             return [node], f"{v} {fault.magnitude_s:+.1f}s"
+        if k == "membership":
+            self.cluster.kill(chosen)
+            self.cluster.wipe(chosen)
+            self.cluster.start(chosen)
+            return [chosen], f"node {chosen} wiped and started again on its address (a new node)"
         if k == "disk":
             victim = leader if v == "full-leader" else chosen
             left = self.cluster.fill_disk(victim)

@@ -142,6 +142,7 @@ class Group:
         self._members_changed()  # the tick thread may have replayed changes before the watch
         pysyncobj_patches.vet_as_leader_appends(self.replica, leader_stamp, self.clocks.cluster_now_us, self.versions.writes)
         self._step_down_requested = False
+        self._step_down_to: str | None = None
         self.leader_changes = 0
         self._leader_seen: Any = None
         self.replica.addOnTickCallback(self._commit_applied)
@@ -243,13 +244,6 @@ class Group:
         """Add ("add") or remove ("remove") a member of this group, on its leader (proposals.change_members)."""
         return proposals.change_members(self.replica, kind, address, loop)
 
-    def transfer_leadership(self, address: str, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
-        """Ask the leader to hand leadership to the member at `address`, which must be caught
-        up; resolves once the request is sent (the election follows)."""
-        fut, done = proposals.callback(loop, f"transfer to {address}: ", change=True)
-        self.replica.transferLeadership(address, callback=done)
-        return fut
-
     def _write_snapshot(self, path: str, data: tuple[Any, ...]) -> None:
         self._commit_applied()
         self._snapshots.write(path, data)
@@ -277,17 +271,19 @@ class Group:
         self.replica.apply_entry(blob, callback=done)
         return fut
 
-    def request_step_down(self) -> None:
-        """Hand leadership to the most caught-up follower (thread-safe: done in the tick thread,
-        the only thread pysyncobj's state may be touched from)."""
+    def request_step_down(self, to: str | None = None) -> None:
+        """Hand leadership to the member at address `to` (which must be caught up), or to the
+        most caught-up follower (thread-safe: done in the tick thread, the only thread
+        pysyncobj's state may be touched from)."""
+        self._step_down_to = to
         self._step_down_requested = True
 
     def _step_down_if_requested(self) -> None:
         if self._step_down_requested:
             self._step_down_requested = False
             if self.replica._isLeader():
-                log.warning("leadership_transfer group=%d reason=requested", self.group_id)
-                self.replica.transferLeadership()
+                log.warning("leadership_transfer group=%d to=%s", self.group_id, self._step_down_to or "any")
+                self.replica.transferLeadership(self._step_down_to)
 
     def is_leader(self) -> bool:
         return self.replica._isLeader()

@@ -34,10 +34,12 @@ class _MetaReplica(SyncObj):
 
 
 class HeardFrom:
-    """A rider that keeps, on the leader, when each follower last answered (monotonic s)."""
+    """A rider that keeps, on the leader, when each follower last answered, and on a
+    follower when the leader last sent (monotonic s)."""
 
     def __init__(self) -> None:
         self.at: dict[str, float] = {}
+        self.leader_at = 0.0  # on a follower: when the leader was last heard
 
     def answer_fields(self) -> dict[str, Any]:
         return {}
@@ -49,7 +51,7 @@ class HeardFrom:
         self.at[node.address] = time.monotonic()
 
     def heard_append(self, message: dict[str, Any]) -> None:
-        """Followers learn nothing from this rider."""
+        self.leader_at = time.monotonic()
 
 
 class MetaGroup:
@@ -57,8 +59,13 @@ class MetaGroup:
     results through futures and read the state through `view()`."""
 
     def __init__(self, self_addr: str, peers: Sequence[str], conf: RaftConfig,
-                 on_fatal: Callable[[str], None]) -> None:
+                 on_fatal: Callable[[str], None], joining: bool = False) -> None:
+        """`peers`: the members to start with when this data dir holds no metadata log yet;
+        `joining`: this replica is being added to a running metadata group (it votes only
+        once its log holds the entry that adds it)."""
         self.self_addr = self_addr
+        # Called in the tick thread after each applied command (the topology wakes on it).
+        self.on_applied: Callable[[], None] = lambda: None
         self.state = meta.empty()
         self._lock = threading.Lock()  # the tick thread applies while the API reads
         os.makedirs(conf.data_dir, exist_ok=True)
@@ -66,18 +73,26 @@ class MetaGroup:
         log_journal = journal.DurableJournal(journal_path)
         journal.install(lambda path: log_journal)
         members = membership.members_in_log({self_addr, *peers}, 0, log_journal[:])
+        self._member_since: dict[str, float] = {}  # when each member was added, as this replica saw it
         self.peers = sorted(members - {self_addr})
         sconf = conf.sync_conf(journal_path)
         self.replica = _MetaReplica(self, self_addr, self.peers, sconf)
         self.journal = journal.journal_for(journal_path)
         self.journal.on_error = lambda error: on_fatal(f"group=meta journal: {error}")
         pysyncobj_patches.fix_log_replication(self.replica, self.journal)
+        if joining:
+            pysyncobj_patches.no_votes_before_joining(self.replica)
         pysyncobj_patches.watch_membership(self.replica, self._members_changed)
         self._members_changed()
         self.heard = HeardFrom()
+        # A follower that has not heard its leader for this long (a removed member is never
+        # told; pysyncobj keeps the last leader it knew) does not take its view as current.
+        self._heard_within_s = 2 * conf.election_timeout_s_max
         riders.install(pysyncobj_patches.transport(self.replica), [self.heard])
         self._leader_since: float | None = None
+        self._step_down_requested = False
         self.replica.addOnTickCallback(self._note_leadership)
+        self.replica.addOnTickCallback(self._step_down_if_requested)
 
     def _apply(self, blob: bytes) -> dict[str, Any]:
         """Never raises into pysyncobj: a command it cannot read is refused like a bad one."""
@@ -86,10 +101,14 @@ class MetaGroup:
         except Exception as exc:
             return {"ok": False, "error": f"undecodable command: {exc}"}
         with self._lock:
-            return meta.apply(self.state, command)
+            result = meta.apply(self.state, command)
+        self.on_applied()
+        return result
 
     def _members_changed(self) -> None:
         self.peers = sorted(node.address for node in self.replica.otherNodes)
+        now = time.monotonic()
+        self._member_since = {a: self._member_since.get(a, now) for a in self.peers}
         log.info("members_changed group=meta members=%s", ",".join(self.members()))
 
     def _note_leadership(self) -> None:
@@ -99,17 +118,37 @@ class MetaGroup:
         else:
             self._leader_since = None
 
+    def request_step_down(self) -> None:
+        """Hand leadership to the most caught-up member (done in the tick thread)."""
+        self._step_down_requested = True
+
+    def _step_down_if_requested(self) -> None:
+        if self._step_down_requested:
+            self._step_down_requested = False
+            if self.replica._isLeader():
+                self.replica.transferLeadership()
+
     def silence_s(self) -> dict[str, float]:
         """On the leader: seconds since each other member last answered, counted from no
-        earlier than when this node became leader; empty on a follower."""
+        earlier than when this node became leader or the member was added; empty on a follower."""
         since = self._leader_since
         if since is None or not self.replica._isLeader():
             return {}
         now = time.monotonic()
-        return {address: now - max(since, self.heard.at.get(address, since)) for address in self.peers}
+        return {address: now - max(since, self._member_since.get(address, since), self.heard.at.get(address, since))
+                for address in self.peers}
 
     def members(self) -> list[str]:
         return sorted([self.self_addr, *self.peers])
+
+    def is_current(self) -> bool:
+        """This replica heard its leader lately and has applied all the leader had committed:
+        its view may be acted on to take something away (a stale one could drop a replica
+        the placement gave this node since)."""
+        s = self.replica.getStatus()
+        leader_commit = s["leader_commit_idx"]
+        heard = self.replica._isLeader() or time.monotonic() - self.heard.leader_at < self._heard_within_s
+        return heard and s["leader"] is not None and leader_commit is not None and s["last_applied"] >= leader_commit
 
     def view(self) -> dict[str, Any]:
         """A copy of the state as this replica has applied it."""

@@ -81,9 +81,10 @@ def new_token() -> str:
 
 def required_scopes(method: str, route: str) -> frozenset[str] | None:
     """The scopes any one of which allows the call; None: no token needed."""
-    if route in ("/healthz", "/readyz", "/ui", "/v1/openapi.json"):
+    if route in ("/healthz", "/readyz", "/ui", "/v1/openapi.json") \
+            or route == "/v1/cluster/nodes/{node_id}" and method in ("GET", "HEAD"):
         return None
-    if route == "/v1/audit":
+    if route == "/v1/audit" or route.startswith("/v1/cluster/nodes") and method not in ("GET", "HEAD"):
         return frozenset({"admin"})
     if route.startswith("/v1/tasks/"):
         return frozenset({"admin", "worker"})

@@ -17,6 +17,8 @@ class NodeConfig:
     # HTTP API address.
     http_host: str = "127.0.0.1"
     http_port: int = 8080
+    # The API is served over HTTPS (--tls-cert): nodes call each other's API with https.
+    http_tls: bool = False
     limits: Limits = field(default_factory=Limits)
     # Names the node answers to besides its own (schedulerd/api/exposure.py); "*": any.
     allowed_hosts: tuple[str, ...] = ()
@@ -58,6 +60,19 @@ class NodeConfig:
     # replicas are re-created elsewhere and it never serves again. It is suspect (keeps its
     # replicas, takes no new ones) after suspect_after_s().
     dead_node_timeout_s: float = 600.0
+    # Members' HTTP addresses (--join): this node joins their running cluster as a new node.
+    join: tuple[str, ...] = ()
+    # The admin token sent with the join (--join-token-file), where the cluster uses tokens.
+    join_token: str | None = field(default=None, repr=False)
+    # The metadata group's members, as the join learnt them from the cluster; empty for a
+    # first node (its metadata peers are its --peers').
+    join_meta_peers: tuple[str, ...] = ()
+    # Membership changes under way at once, each in a different group: a join or a repair
+    # moves this many replicas in parallel (each one a snapshot transfer).
+    placement_changes_max: int = 2
+    # A replica added to a group must catch up (take the leader's snapshot and log) within
+    # this, or the add is taken back and planned again.
+    replica_catchup_timeout_s: float = 600.0
 
     def suspect_after_s(self) -> float:
         """5 s: a few missed heartbeats; sooner when the dead-node timeout is short (tests)."""
@@ -94,13 +109,20 @@ class NodeConfig:
                              f"the largest is {largest}")
         if self.replication_factor not in (None, *placement.REPLICATION_FACTORS):
             raise ValueError(f"replication_factor must be one of {placement.REPLICATION_FACTORS}")
-        if self.first_replication_factor() > 1 + len(self.raft.peers):
+        if not self.join and self.first_replication_factor() > 1 + len(self.raft.peers):
             raise ValueError(f"replication_factor {self.first_replication_factor()} needs at least that many "
                              f"nodes; this one and its peers are {1 + len(self.raft.peers)}")
         if self.meta_replicas not in meta.META_REPLICAS:
             raise ValueError(f"meta_replicas must be one of {meta.META_REPLICAS}")
         if not 2 <= self.dead_node_timeout_s <= 7 * 86_400:
             raise ValueError("dead_node_timeout_s must be within 2 seconds..7 days")
+        if not 1 <= self.placement_changes_max <= 16:
+            raise ValueError("placement_changes_max must be within 1..16")
+        if not 5 <= self.replica_catchup_timeout_s <= 86_400:
+            raise ValueError("replica_catchup_timeout_s must be within 5 seconds..1 day")
+        for url in self.join:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--join takes members' URLs (http://HOST:PORT), not {url!r}")
         if not 0.05 <= self.registry_interval_s <= 60:
             raise ValueError("registry_interval_s must be within 0.05..60 seconds")
         ExposurePolicy.build(self.http_host, self.allowed_hosts, self.allowed_origins)

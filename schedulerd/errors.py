@@ -71,6 +71,18 @@ class OutcomeUnknown(Unavailable):
     code = "outcome_unknown"
 
 
+class Elsewhere(Unavailable):
+    """The data group a request needs has no replica on this node. The API forwards the
+    request to a node that holds one (api/forward.py); a client sees this only when a
+    forwarded request found the placement moved under it: retry."""
+
+    code = "elsewhere"
+
+    def __init__(self, group_id: int) -> None:
+        super().__init__(f"group {group_id} has no replica on this node (the placement is moving): retry")
+        self.group_id = group_id
+
+
 class Unauthorized(SchedulerError):
     """Missing or bad credentials."""
 
@@ -123,6 +135,7 @@ STATUS: dict[type[SchedulerError], int] = {
     StaleFence: 409,
     Unavailable: 503,
     OutcomeUnknown: 503,
+    Elsewhere: 503,
     Unauthorized: 401,
     Forbidden: 403,
     CrossSiteRefused: 403,
@@ -133,7 +146,8 @@ STATUS: dict[type[SchedulerError], int] = {
     SchedulerError: 500,
 }
 
-BY_CODE: dict[str, type[SchedulerError]] = {cls.code: cls for cls in STATUS}
+# A client retries an Elsewhere as it would any Unavailable.
+BY_CODE: dict[str, type[SchedulerError]] = {cls.code: Unavailable if cls is Elsewhere else cls for cls in STATUS}
 
 
 def status_of(error: SchedulerError) -> int:

@@ -30,17 +30,29 @@ class LeaderLoops:
         # Per group, the (job_id, fire_us) that apply deferred for the overlap rule: not
         # proposed again before they are due, or each scan would carry them until then.
         self._deferred: dict[int, set[tuple[str, int]]] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[int, list[asyncio.Task[None]]] = {}
         self.sweeper = Sweeper(node)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(loop(group)) for group in self.node.groups
-                       for loop in (self._run, self.sweeper.run)]
+        """Loops for each replica on this node now and for each one the placement starts later."""
+        for group in self.node.groups:
+            self._follow(group, True)
+        self.node.group_listeners.append(self._follow)
+
+    def _follow(self, group: Group, started: bool) -> None:
+        if started:
+            self._tasks[group.group_id] = [asyncio.get_running_loop().create_task(loop(group))
+                                           for loop in (self._run, self.sweeper.run)]
+        else:
+            for task in self._tasks.pop(group.group_id, []):
+                task.cancel()
+            self._deferred.pop(group.group_id, None)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [task for group_tasks in self._tasks.values() for task in group_tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, group: Group) -> None:
         interval = self.node.config.scan_interval_s

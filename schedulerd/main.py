@@ -16,7 +16,7 @@ import click
 import uvloop
 from aiohttp import web
 
-from schedulerd import auth, jobspec, logfmt
+from schedulerd import auth, join, jobspec, logfmt
 from schedulerd.api.app import make_app, server_options
 from schedulerd.auth import TokenFile
 from schedulerd.clock import Clock
@@ -88,7 +88,13 @@ def _nothing_to_reload() -> None:
 @click.option("--http", "http_addr", default="127.0.0.1:8080", show_default=True, help="HTTP API HOST:PORT.")
 @click.option("--raft", "raft_addr", default=None,
               help="Raft HOST:PORT [default: 127.0.0.1, HTTP port + 1000; Raft is never exposed by default].")
-@click.option("--peers", default="", help="The other nodes' --raft addresses, comma-separated.")
+@click.option("--peers", default="", help="The other first nodes' --raft addresses, comma-separated (a new "
+              "cluster's nodes; a node added later uses --join).")
+@click.option("--join", "join_urls", default="", metavar="URL,...",
+              help="Join a running cluster as a new node through any of its members' HTTP addresses "
+                   "(http://HOST:PORT); start with the cluster's --groups and --cluster-secret-file.")
+@click.option("--join-token-file", type=click.Path(exists=True, dir_okay=False),
+              help="An admin token (one line) the join presents, where the cluster uses tokens.")
 @click.option("--groups", default=1, show_default=True,
               help="Data Raft groups (group g uses the Raft port + g, the metadata group the Raft port + groups). "
                    "Fixed when the cluster is bootstrapped.")
@@ -144,7 +150,8 @@ def _nothing_to_reload() -> None:
 @click.option("--insecure", is_flag=True,
               help="Allow a non-loopback --http without --tokens-file, or --raft without --cluster-secret-file.")
 @click.pass_context
-def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None, peers: str, groups: int,
+def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None, peers: str, join_urls: str,
+        join_token_file: str | None, groups: int,
         replication_factor: str | None, meta_replicas: str, dead_node_timeout: str, lease_s: float, compaction_entries: int, compaction_journal_ratio: float,
         clock_offset_file: str | None, log_level: str,
         log_format: str, tokens_file: str | None, cluster_secret_file: str | None, tls_cert: str | None,
@@ -170,14 +177,21 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
     peer_list = _listed(peers)
     for p in peer_list:
         _addr(p, "--peers entry")
+    joining = _listed(join_urls)
+    if joining and peer_list:
+        raise click.UsageError("--join and --peers exclude each other: first nodes name their --peers, "
+                               "a node added later joins")
+    join_token = _read_secret(join_token_file) if join_token_file else None
+    meta_peers = _join_meta_peers(joining, join_token, data_dir, groups)
     try:
         config = NodeConfig(raft=RaftConfig(self_addr=raft_addr, peers=peer_list, data_dir=data_dir,
                                             groups=groups, compaction_entries_min=compaction_entries,
                                             compaction_journal_ratio=compaction_journal_ratio, secret=secret),
-                            http_host=host, http_port=port, lease_s=lease_s,
+                            http_host=host, http_port=port, http_tls=tls_cert is not None, lease_s=lease_s,
                             replication_factor=int(replication_factor) if replication_factor else None,
                             meta_replicas=int(meta_replicas),
                             dead_node_timeout_s=_duration_s(dead_node_timeout, "--dead-node-timeout"),
+                            join=joining, join_token=join_token, join_meta_peers=meta_peers,
                             limits=Limits().overridden(limit_settings), archive_dir=archive_dir,
                             finished_ttl_s=_ttl_s(finished_ttl),
                             allowed_hosts=_listed(allowed_hosts), allowed_origins=_listed(allowed_origins),
@@ -190,6 +204,20 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
                     "store only grows; jobs may still set finished_ttl_s")
     tune_gc()
     uvloop.run(serve(config, Clock(offset_file=clock_offset_file), tokens, _tls_context(tls_cert, tls_key)))
+
+
+def _join_meta_peers(urls: tuple[str, ...], token: str | None, data_dir: str, groups: int) -> tuple[str, ...]:
+    """The metadata group's members a joining node starts with, from the cluster; none when
+    not joining or when this data dir already holds its metadata log (a restart)."""
+    if not urls or os.path.exists(os.path.join(data_dir, "meta.journal")):
+        return ()
+    try:
+        shape = join.discover(urls, token)
+    except join.JoinError as exc:
+        raise click.ClickException(str(exc)) from None
+    if shape.groups != groups:
+        raise click.UsageError(f"the cluster has {shape.groups} data groups: start this node with --groups {shape.groups}")
+    return shape.meta_members
 
 
 def _ttl_s(text: str) -> float:

@@ -14,7 +14,8 @@ from schedulerd import lease_time
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
 from schedulerd.diskguard import DiskGuard
-from schedulerd.errors import Conflict, OutcomeUnknown, Unavailable
+from schedulerd.errors import Conflict, Elsewhere, OutcomeUnknown, Unavailable
+from schedulerd.raft import group_files
 from schedulerd.raft.group import Group, stop_node
 from schedulerd.raft.proposals import ProposalFailed
 from schedulerd.storage import keys, ops
@@ -36,7 +37,13 @@ class Node:
         self.config = config
         self.clock = clock
         self.loop: asyncio.AbstractEventLoop | None = None
+        # The data groups with a replica on this node, in group order: replaced whole (never
+        # changed in place) when the placement gives or takes one, so a reader's list holds.
         self.groups: list[Group] = []
+        self._by_id: dict[int, Group] = {}
+        # Called on the event loop with (group, True) once a replica starts here, and with
+        # (group, False) just before one stops (the leader loops follow these).
+        self.group_listeners: list[Callable[[Group, bool], None]] = []
         self.topology: Topology | None = None
         self._ready_event = asyncio.Event()
         # Called in the Raft tick thread after each applied entry's commit (metrics).
@@ -44,12 +51,45 @@ class Node:
         self.disk = DiskGuard(config.raft.data_dir, config.limits.disk_free_bytes_min)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the replicas this data dir holds (their logs say who the other members are);
+        the topology starts and stops the others as the placement says."""
         self.loop = loop
-        self.groups = [Group(g, self.config.raft, on_applied=self._on_applied, clock_us=self.clock.now_us,
-                             leader_stamp=lease_time.stamp)
-                       for g in range(self.config.raft.groups)]
-        self.topology = Topology(self.config, self.now_us, stop_node)
+        data_dir = self.config.raft.data_dir
+        for group_id in group_files.leftovers(data_dir):
+            group_files.sweep(data_dir, group_id)
+        for group_id in group_files.held(data_dir):
+            if group_id < self.config.raft.groups:
+                self.start_group(group_id, peers=None, joining=False)
+        self.topology = Topology(self, stop_node)
         self.topology.start(loop)
+
+    def start_group(self, group_id: int, peers: list[str] | None, joining: bool) -> Group:
+        """Start this node's replica of a data group; `peers` (the other members' addresses in
+        this group) and `joining` matter only when the data dir holds nothing of it yet."""
+        group = Group(group_id, self.config.raft, on_applied=self._on_applied, clock_us=self.clock.now_us,
+                      leader_stamp=lease_time.stamp, peers=peers, joining=joining)
+        self._by_id = {**self._by_id, group_id: group}
+        self.groups = [self._by_id[g] for g in sorted(self._by_id)]
+        log.info("replica_started group=%d joining=%s members=%s", group_id, joining, ",".join(group.members()))
+        for listener in self.group_listeners:
+            listener(group, True)
+        return group
+
+    def drop_group(self, group_id: int) -> None:
+        """Stop this node's replica of a group it is no longer a member of and delete its files."""
+        group = self._by_id.get(group_id)
+        if group is None:
+            return
+        for listener in self.group_listeners:
+            listener(group, False)
+        self._by_id = {g: grp for g, grp in self._by_id.items() if g != group_id}
+        self.groups = [self._by_id[g] for g in sorted(self._by_id)]
+        group.destroy()
+        group_files.remove(self.config.raft.data_dir, group_id)
+        log.info("replica_removed group=%d", group_id)
+
+    def local_group(self, group_id: int) -> Group | None:
+        return self._by_id.get(group_id)
 
     def now_us(self) -> int:
         """The cluster's time as this node knows it (raft/clocks.py): the time it stamps
@@ -57,13 +97,15 @@ class Node:
         may run ahead or behind; the leader re-stamps lease entries either way
         (lease_time.py), the rest carry this. With several groups, group 0's figure:
         their voters are the same machines."""
-        return self.groups[0].clocks.cluster_now_us() if self.groups else self.clock.now_us()
+        groups = self.groups
+        return groups[0].clocks.cluster_now_us() if groups else self.clock.now_us()
 
     def stop(self) -> None:
         if self.topology is not None:
             self.topology.stop()
         for group in self.groups:
             group.destroy()
+        self._by_id, self.groups = {}, []
 
     def _on_applied(self, group_id: int, index: int, op: Op, result: dict[str, Any]) -> None:
         """Runs in a Raft tick thread, after the entry's commit."""
@@ -84,18 +126,33 @@ class Node:
         work, then wait on it: a pulse in between is not lost."""
         return self._ready_event
 
-    def group_of_job(self, job_id: str) -> Group:
-        return self.groups[keys.shard_of(job_id) % len(self.groups)]
+    def group_id_of_job(self, job_id: str) -> int:
+        return keys.shard_of(job_id) % self.config.raft.groups
 
-    def group_of_run(self, run_id: str) -> Group | None:
-        """None for an id no run of this node can have (run ids are `{group}-{index}-{n}`)."""
+    def group_of_job(self, job_id: str) -> Group:
+        """The job's group on this node; Elsewhere when its replicas are on other nodes."""
+        return self._here(self.group_id_of_job(job_id))
+
+    def group_id_of_run(self, run_id: str) -> int | None:
+        """None for an id no run can have (run ids are `{group}-{index}-{n}`)."""
         if not RUN_ID_RE.fullmatch(run_id):
             return None
         group = int(run_id.partition("-")[0])
-        return self.groups[group] if group < len(self.groups) else None
+        return group if group < self.config.raft.groups else None
+
+    def group_of_run(self, run_id: str) -> Group | None:
+        """None for an id no run can have; Elsewhere when its group's replicas are on other nodes."""
+        group_id = self.group_id_of_run(run_id)
+        return None if group_id is None else self._here(group_id)
+
+    def _here(self, group_id: int) -> Group:
+        group = self._by_id.get(group_id)
+        if group is None:
+            raise Elsewhere(group_id)
+        return group
 
     def shards_of(self, group: Group) -> list[int]:
-        return [s for s in range(keys.SHARDS) if s % len(self.groups) == group.group_id]
+        return [s for s in range(keys.SHARDS) if s % self.config.raft.groups == group.group_id]
 
     @contextmanager
     def read(self, group: Group) -> Iterator[tuple[lmdb.Transaction, Tables]]:

@@ -1,48 +1,77 @@
 """This node's part in the cluster's topology: its id, its replica of the metadata group,
-keeping its entry in the node registry current, and (on the metadata group's leader)
-bootstrapping the cluster once every first node has registered."""
+keeping its entry in the node registry current, its data replicas kept to the placement
+(replicas.py), the changes it carries out as a group's leader (group_changes.py) and, on the
+metadata group's leader, bootstrapping the cluster once every first node has registered,
+judging liveness and driving the placement (placement_driver.py)."""
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+import random
+from typing import TYPE_CHECKING, Any, Callable
 
-from schedulerd import identity, liveness
-from schedulerd.config import NodeConfig
+from schedulerd import identity, join, liveness, replicas
+from schedulerd.errors import Conflict, OutcomeUnknown, Unavailable
+from schedulerd.group_changes import GroupChanges
+from schedulerd.placement_driver import PlacementDriver
 from schedulerd.raft.conf import group_addr
 from schedulerd.raft.meta_group import MetaGroup
 from schedulerd.raft.proposals import ProposalFailed
 from schedulerd.storage import meta
+
+if TYPE_CHECKING:
+    from schedulerd.node import Node
 
 log = logging.getLogger("schedulerd.topology")
 
 # A refused registration is a committed entry too, and the metadata log is never
 # compacted: one that was refused is not tried again before this.
 REFUSED_RETRY_S = 60.0
+# A metadata replica with no leader for this long asks the other nodes whether it is still in the cluster.
+STANDING_AFTER_S = 5.0
 
 
 class Topology:
-    def __init__(self, config: NodeConfig, now_us: Callable[[], int], on_fatal: Callable[[str], None]) -> None:
+    def __init__(self, node: "Node", on_fatal: Callable[[str], None]) -> None:
+        config = node.config
         self.config = config
+        self.node = node
         self.node_id = identity.node_id(config.raft.data_dir)
         self.http = f"{config.http_host}:{config.http_port}"
         addr, peers = config.raft.meta_addrs()
-        self.meta = MetaGroup(addr, peers, config.raft, on_fatal)
-        self._now_us = now_us
+        joining = bool(config.join_meta_peers)
+        self.meta = MetaGroup(addr, list(config.join_meta_peers) if joining else peers, config.raft, on_fatal,
+                              joining=joining)
+        self._now_us = node.now_us
         self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
         self._refused_until = 0.0
         self._evicted_logged = False
+        self._unheard_since: float | None = None
+        self._told_state: str | None = None
+        self._remembered: list[str] = []
+        self.replicas = replicas.Replicas(node, self.node_id)
+        self.changes = GroupChanges(node, self.node_id, self._propose)
+        self.driver = PlacementDriver(config, self.meta, self._propose)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        def wake() -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._wake.set)
+
+        self.meta.on_applied = wake
         self._task = loop.create_task(self._run())
 
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        self.changes.stop()
         self.meta.destroy()
 
     async def _run(self) -> None:
+        """A step on every metadata change this replica applies, and at least every registry_interval_s."""
         while True:
+            self._wake.clear()
             try:
                 await self._step()
             except ProposalFailed as exc:
@@ -51,18 +80,40 @@ class Topology:
                 log.debug("topology_proposal_timed_out")
             except Exception:
                 log.exception("topology_step_failed")
-            await asyncio.sleep(self.config.registry_interval_s)
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.registry_interval_s)
+            except asyncio.TimeoutError:
+                pass
 
     def evicted(self) -> str | None:
         """Why this node may no longer serve (the registry says it is dead or removed), or None."""
         me = self.meta.view()["nodes"].get(self.node_id)
-        if me is None or me["state"] not in ("dead", "removed"):
+        state = self._told_state or (me["state"] if me is not None else None)
+        if state not in ("dead", "removed"):
             return None
-        return (f"this node ({self.node_id}) was declared {me['state']} by the cluster: wipe its data dir "
+        return (f"this node ({self.node_id}) was declared {state} by the cluster: wipe its data dir "
                 "and start it again to join as a new node")
+
+    async def _ask_standing(self, view: dict[str, Any]) -> None:
+        """A node whose metadata replica hears no leader asks the others for its state: one
+        taken out of the metadata group (declared dead while it was away) is never told."""
+        loop = asyncio.get_running_loop()
+        if self.meta.is_current():
+            self._unheard_since = None
+            return
+        if self._unheard_since is None:
+            self._unheard_since = loop.time()
+        if loop.time() - self._unheard_since < STANDING_AFTER_S or self._told_state is not None:
+            return
+        others = {n["http"] for node_id, n in view["nodes"].items() if node_id != self.node_id}
+        others |= set(identity.known_nodes(self.config.raft.data_dir))
+        state = await join.standing(sorted(others - {self.http}), self.node_id, self.config.http_tls)
+        if state in ("dead", "removed"):
+            self._told_state = state
 
     async def _step(self) -> None:
         view = self.meta.view()
+        await self._ask_standing(view)
         me = view["nodes"].get(self.node_id)
         reason = self.evicted()
         if reason is not None and not self._evicted_logged:
@@ -70,11 +121,19 @@ class Topology:
             log.error("node_evicted %s", reason)
         loop = asyncio.get_running_loop()
         if (me is None or me["http"] != self.http) and loop.time() >= self._refused_until:
-            result = await self._propose({"op": "register", "node_id": self.node_id, "http": self.http,
-                                          "raft": self.config.raft.self_addr})
+            entry = {"op": "register", "node_id": self.node_id, "http": self.http, "raft": self.config.raft.self_addr}
+            # A joining node is no member of the metadata group yet: a member registers it.
+            joining = me is None and bool(self.config.join) and not self.meta.is_current()
+            try:
+                result = await (join.register(self.config, entry) if joining else self._propose(entry))
+            except join.JoinError as exc:
+                log.warning("node_join_waiting %s", exc)
+                return
             if result["ok"]:
                 log.info("node_registered node_id=%s http=%s raft=%s joined=%s", self.node_id, self.http,
                          self.config.raft.self_addr, result["joined"])
+                if joining:  # the metadata group adds this node next; its log will show the entry
+                    self._refused_until = loop.time() + REFUSED_RETRY_S
             else:
                 self._refused_until = loop.time() + REFUSED_RETRY_S
                 log.error("node_registration_refused node_id=%s: %s", self.node_id, result["error"])
@@ -90,6 +149,32 @@ class Topology:
                 log.info("cluster_bootstrap %s", result)
         if view["cluster"] is not None and self.meta.is_leader():
             await self._judge_liveness(view)
+            await self.driver.step(self.meta.view())
+        view = self.meta.view()
+        others = sorted(n["http"] for node_id, n in view["nodes"].items() if node_id != self.node_id)
+        if others and others != self._remembered:
+            identity.remember_nodes(self.config.raft.data_dir, others)
+            self._remembered = others
+        if view["cluster"] is not None and reason is None:
+            self.replicas.reconcile(view, self.meta.is_current())
+            self.changes.step(view)
+
+    def readiness_problems(self) -> list[str]:
+        """Why this node cannot serve yet as the topology sees it (the groups' own state aside)."""
+        view = self.meta.view()
+        if view["cluster"] is None:
+            return ["the cluster is not bootstrapped yet (waiting for every first node to register)"]
+        missing = sorted(set(replicas.wanted(view, self.node_id)) - {g.group_id for g in self.node.groups})
+        return [f"group {g}'s replica is not started yet" for g in missing]
+
+    def holders(self, group_id: int) -> list[str]:
+        """HTTP addresses of the other nodes holding group `group_id`, in a random order."""
+        view = self.meta.view()
+        members = view["placement"].get(str(group_id), [])
+        found = [view["nodes"][m]["http"] for m in members
+                 if m != self.node_id and view["nodes"][m]["state"] in ("alive", "suspect", "draining")]
+        random.shuffle(found)
+        return found
 
     async def _judge_liveness(self, view: dict[str, Any]) -> None:
         """On the metadata leader: suspect, dead or alive again, by how long each member of
@@ -101,6 +186,19 @@ class Topology:
             result = await self._propose({"op": "set_state", "node_id": node_id, "state": state})
             log.warning("node_%s node_id=%s silent_s=%.1f %s", state, node_id, silent[node_id],
                         "" if result["ok"] else result["error"])
+
+    async def propose_checked(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Commit a registry command for the API: a refusal is a Conflict, no commit Unavailable."""
+        try:
+            result = await self._propose(command)
+        except ProposalFailed as exc:
+            raise Unavailable(f"the metadata group did not commit {command['op']}: {exc}") from None
+        except asyncio.TimeoutError:
+            raise OutcomeUnknown(f"{command['op']} not committed within {self.config.propose_timeout_s}s; "
+                                 "it may still be: retry") from None
+        if not result["ok"]:
+            raise Conflict(result["error"])
+        return result
 
     async def _propose(self, command: dict[str, Any]) -> dict[str, Any]:
         command["now"] = self._now_us()

@@ -91,12 +91,15 @@ def _node(n: dict[str, Any], now: int) -> dict[str, Any]:
 
 
 def _register(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    """A node says where it is. A new id on the Raft address of a node still counted in is
+    that machine with a wiped disk (one process at a time listens on an address): the old
+    node is dead, its replicas are re-created elsewhere, and the new one joins afresh."""
     node_id, raft = c["node_id"], c["raft"]
-    for other in state["nodes"].values():
-        if other["raft"] == raft and other["node_id"] != node_id and other["state"] != "removed":
-            return _refused(f"Raft address {raft} belongs to node {other['node_id']} ({other['state']})")
     known = state["nodes"].get(node_id)
     if known is None:
+        for other in state["nodes"].values():
+            if other["raft"] == raft and other["state"] not in ("dead", "removed"):
+                other["state"], other["since_us"] = "dead", c["now"]
         state["nodes"][node_id] = _node(c, c["now"])
         return {"ok": True, "joined": True}
     if known["state"] in ("dead", "removed"):
@@ -118,7 +121,7 @@ def _set_state(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
     if to not in TRANSITIONS[node["state"]]:
         allowed = sorted(TRANSITIONS[node["state"]]) or "nothing"
         return _refused(f"node {c['node_id']} is {node['state']} and can go to {allowed}, not {to}")
-    if to == "removed" and any(c["node_id"] in members for members in state["placement"].values()):
+    if to == "removed" and any(c["node_id"] in members for members in data_placement(state).values()):
         return _refused(f"node {c['node_id']} still holds replicas: drain it first")
     node["state"], node["since_us"] = to, c["now"]
     return {"ok": True}
@@ -149,10 +152,15 @@ def _begin_change(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
 
 
 def _end_change(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    """Record how a change ended; `started_us` names the change, so a late report of an
+    earlier one cannot end a later change to the same group."""
     group = str(c["group"])
-    change = state["changes"].pop(group, None)
+    change = state["changes"].get(group)
     if change is None:
         return _refused(f"group {group} has no change under way")
+    if change["started_us"] != c["started_us"]:
+        return _refused(f"group {group}'s change under way began at {change['started_us']}, not {c['started_us']}")
+    del state["changes"][group]
     if not c["done"]:
         state["moves"]["failed"] += 1
         return {"ok": True, "epoch": state["epoch"]}
@@ -174,6 +182,23 @@ _HANDLERS = {"bootstrap": _bootstrap, "register": _register, "set_state": _set_s
 def data_placement(state: dict[str, Any]) -> dict[int, tuple[str, ...]]:
     """The data groups' members, as storage/placement.py plans over them."""
     return {int(g): tuple(m) for g, m in state["placement"].items() if g != META}
+
+
+def planned_placement(state: dict[str, Any]) -> dict[int, tuple[str, ...]]:
+    """The data groups' members as they will be once every change under way has ended well:
+    what the planner counts loads on, so two changes planned a moment apart do not both
+    take a replica off the same node."""
+    out = data_placement(state)
+    for key, change in state["changes"].items():
+        if key == META:
+            continue
+        members = set(out[int(key)])
+        if change["kind"] == "add":
+            members.add(change["node_id"])
+        else:
+            members.discard(change["node_id"])
+        out[int(key)] = tuple(sorted(members))
+    return out
 
 
 def node_states(state: dict[str, Any]) -> dict[str, placement.NodeState]:

@@ -78,8 +78,11 @@ def loads(nodes: Mapping[str, NodeState], placement: Placement) -> dict[str, int
 
 
 def target_size(nodes: Mapping[str, NodeState], replication_factor: int) -> int:
-    """Members a group should have: R, or every node that takes replicas when there are fewer."""
-    return min(replication_factor, sum(1 for state in nodes.values() if state in _TAKES_REPLICAS)) or replication_factor
+    """Members a group should have: R, or every node that keeps replicas when there are fewer.
+    A suspect or draining node still counts: a group shrunk below R because one member
+    went quiet for a few seconds, or because a drain had nowhere to go, would lose a copy
+    for nothing (and with the quiet member dead, its quorum)."""
+    return min(replication_factor, sum(1 for state in nodes.values() if state in _KEEPS_REPLICAS)) or replication_factor
 
 
 def plan(nodes: Mapping[str, NodeState], placement: Placement, replication_factor: int,
@@ -196,3 +199,25 @@ def leader_moves(placement: Placement, leaders: Mapping[int, str], nodes: Mappin
         if options and count[leader] - min(options)[0] > 1:
             return [LeaderMove(group, min(options)[1])]
     return []
+
+
+def preferred_leaders(placement: Placement, nodes: Mapping[str, NodeState]) -> dict[int, str]:
+    """The member of each group that should lead it: leaders per node that takes replicas
+    within one of even (when the placement allows it). Every node computes the same from
+    the same placement, so each group's leader alone can tell whether to hand over.
+
+    Greedy in group order (each group to its member leading fewest so far), then the moves
+    of leader_moves until there are none."""
+    count = {node_id: 0 for node_id, state in nodes.items() if state in _TAKES_REPLICAS}
+    chosen: dict[int, str] = {}
+    for group in sorted(placement):
+        options = sorted((count[m], m) for m in placement[group] if m in count)
+        if options:
+            chosen[group] = options[0][1]
+            count[options[0][1]] += 1
+    for _ in range(len(chosen) * len(count)):
+        moves = leader_moves(placement, chosen, nodes)
+        if not moves:
+            break
+        chosen[moves[0].group] = moves[0].to_node
+    return chosen

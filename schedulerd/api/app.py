@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from schedulerd import auth, views
-from schedulerd.api import exposure, inputs, jobs, openapi, routes, tasks
+from schedulerd.api import exposure, forward, inputs, jobs, openapi, routes, tasks
 from schedulerd.api.keys import COMMITS, CREATES, LEASES, METRICS, NODE, SPEC
 from schedulerd.api.routes import Handler
 from schedulerd.auth import TokenFile
@@ -86,7 +86,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
     policy = exposure.ExposurePolicy.build(node.config.http_host, node.config.allowed_hosts,
                                            node.config.allowed_origins)
     app = web.Application(middlewares=[metrics.middleware, errors_middleware, exposure.middleware(policy),
-                                       auth_middleware(tokens)],
+                                       auth_middleware(tokens), forward.middleware],
                           client_max_size=node.config.limits.request_bytes_max)
     app.on_response_prepare.append(exposure.cors_on_prepare(policy))
     app[inputs.LIMITS] = node.config.limits
@@ -96,5 +96,7 @@ def make_app(node: Node, leases: LeaseQueue, tokens: TokenFile | None = None) ->
     app[CREATES] = jobs.creates_coalescer(node)
     app[COMMITS] = tasks.TaskCommits(node)
     app[SPEC] = openapi.document(version("schedulerd"), node.config.limits, tokens=tokens is not None)
+    app.on_startup.append(forward.open_client)
+    app.on_cleanup.append(forward.close_client)
     app.add_routes([web.route(method, path, handler) for method, path, handler in routes.ROUTES])
     return app

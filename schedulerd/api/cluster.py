@@ -97,15 +97,19 @@ async def openapi_document(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return views.respond({"ok": True})
+    """The process answers, and says which node it is (a member registering a joiner checks)."""
+    topology = request.app[NODE].topology
+    return views.respond({"ok": True, "node_id": topology.node_id if topology is not None else None})
 
 
 async def readyz(request: web.Request) -> web.Response:
     node = request.app[NODE]
     problems = _readiness_problems([g.status() for g in node.groups])
-    evicted = node.topology.evicted() if node.topology is not None else None
-    if evicted is not None:
-        problems.append(evicted)
+    if node.topology is not None:
+        problems += node.topology.readiness_problems()
+        evicted = node.topology.evicted()
+        if evicted is not None:
+            problems.append(evicted)
     if problems:
         raise Unavailable("; ".join(problems))
     return views.respond({"ok": True})

@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from schedulerd import jobspec, namespaces, targets, views
-from schedulerd.api import inputs
+from schedulerd.api import forward, inputs
 from schedulerd.api.keys import CREATES, NODE
 from schedulerd.auth import audit_note, may_manage_jobs
 from schedulerd.coalescer import Coalescer
@@ -106,29 +106,60 @@ async def _lifecycle(request: web.Request, op: Op, verb: str) -> web.Response:
 async def dead_letter_list(request: web.Request) -> web.Response:
     node = request.app[NODE]
     limits = node.config.limits
-    inputs.check_query(request, inputs.PAGE_QUERY | {"queue"})
+    inputs.check_query(request, inputs.PAGE_QUERY | {"queue", "groups"})
     limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                              limit_name="page_size_max")
     after = _dead_letter_cursor(request.query.get("cursor"))
     namespace = namespaces.of_request(request)
-    runs: list[dict[str, Any]] = []
-    stops: list[tuple[int, str]] = []
-    for group in node.groups:
+    local, elsewhere = _listed_groups(request, node)
+    items: list[tuple[Any, dict[str, Any]]] = []
+    stops: list[Any] = []
+    for group in local:
         with node.read(group) as (txn, tables):
             page, stop = queries.dead_letters(txn, tables, queue=_queue_filter(request), limit=limit,
                                               after=after, scan_max=limits.list_scan_max)
-        page = [r for r in page if namespaces.holds(namespace, r["job_id"])]
-        runs.extend(page)
+        items.extend(((r["finished_us"], r["run_id"]), views.run(r)) for r in page
+                     if namespaces.holds(namespace, r["job_id"]))
         if stop is not None:
             stops.append(stop)
-    runs.sort(key=lambda r: (r["finished_us"], r["run_id"]))
-    if len(runs) > limit:
-        stops.append((runs[limit - 1]["finished_us"], runs[limit - 1]["run_id"]))
+    page_items, stop = await _merged_page(request, items, stops, limit, "runs", elsewhere)
+    return _page_response(request, local, "runs", page_items, stop, f"{stop[0]}:{stop[1]}" if stop else None)
+
+
+def _listed_groups(request: web.Request, node: Node) -> tuple[list[Group], list[int]]:
+    """The groups a list reads here, and those it asks other nodes for. A list sent on by
+    another node names its groups (`groups=`) and answers for those held here only."""
+    raw = request.query.get("groups")
+    if raw is None:
+        return node.groups, [g for g in range(node.config.raft.groups) if node.local_group(g) is None]
+    try:
+        named = {int(g) for g in raw.split(",")}
+    except ValueError:
+        raise InvalidRequest("groups must be group numbers separated by commas") from None
+    return [g for g in node.groups if g.group_id in named], []
+
+
+async def _merged_page(request: web.Request, items: list[tuple[Any, dict[str, Any]]], stops: list[Any],
+                       limit: int, field: str, elsewhere: list[int]) -> tuple[list[tuple[Any, dict[str, Any]]], Any]:
+    """One page of (sort key, view) from this node's groups and the other nodes' answers for
+    the rest: it ends at the smallest key any source stopped at, so none is skipped."""
+    for answer in await forward.gather(request, elsewhere) if elsewhere else []:
+        items.extend((tuple(k) if isinstance(k, list) else k, v) for k, v in zip(answer["keys"], answer[field]))
+        if answer["stop"] is not None:
+            stops.append(tuple(answer["stop"]) if isinstance(answer["stop"], list) else answer["stop"])
+    items.sort(key=lambda item: item[0])
+    if len(items) > limit:
+        stops.append(items[limit - 1][0])
     stop = min(stops) if stops else None
-    if stop is not None:
-        runs = [r for r in runs if (r["finished_us"], r["run_id"]) <= stop]
-    return views.respond({"runs": [views.run(r) for r in runs],
-                          "next_cursor": f"{stop[0]}:{stop[1]}" if stop else None})
+    return [item for item in items if stop is None or item[0] <= stop], stop
+
+
+def _page_response(request: web.Request, local: list[Group], field: str, items: list[tuple[Any, dict[str, Any]]],
+                   stop: Any, cursor: str | None) -> web.Response:
+    body: dict[str, Any] = {field: [view for _, view in items], "next_cursor": cursor}
+    if "groups" in request.query:  # for the node that sent the list on
+        body.update(groups_answered=[g.group_id for g in local], keys=[k for k, _ in items], stop=stop)
+    return views.respond(body)
 
 
 async def redrive(request: web.Request) -> web.Response:
@@ -161,12 +192,8 @@ async def create_batch(request: web.Request) -> web.Response:
             # The whole batch is refused; say which job, so a file import can point at it.
             named = f" (job_id {job.get('job_id')!r})" if isinstance(job, dict) and job.get("job_id") else ""
             raise type(exc)(f"jobs[{position}]{named}: {exc.message}") from None
-    if specs:
-        specs[0]["audit"] = audit_note(request, f"create {len(specs)} jobs ({specs[0]['job_id']}, ...)",
-                                       count=len(specs))
     if len({s["job_id"] for s in specs}) != len(specs):
         raise InvalidRequest("job_id values in one batch must be distinct")
-    results = await _create(node, creates, specs)
     minimal = views.prefers_minimal(request)
 
     def item(r: dict[str, Any]) -> dict[str, Any]:
@@ -177,7 +204,22 @@ async def create_batch(request: web.Request) -> web.Response:
             out["job"] = _created_view(node, r)
         return out
 
-    response = views.respond({"results": [item(r) for r in results]}, status=200)
+    by_group: dict[int, list[int]] = {}
+    for position, spec in enumerate(specs):
+        by_group.setdefault(node.group_id_of_job(spec["job_id"]), []).append(position)
+    here = [p for g, positions in by_group.items() if node.local_group(g) is not None for p in positions]
+    if here:  # the shares sent on are audited where they are written
+        specs[here[0]]["audit"] = audit_note(request, f"create {len(here)} jobs ({specs[here[0]]['job_id']}, ...)",
+                                             count=len(here))
+    answered: list[dict[str, Any]] = [{}] * len(specs)
+    for position, r in zip(here, await _create(node, creates, [specs[p] for p in here])):
+        answered[position] = item(r)
+    for group_id, positions in by_group.items():
+        if node.local_group(group_id) is None:  # this share goes to a node that holds the group
+            share = await forward.send_json(request, group_id, request.path_qs, {"jobs": [raw[p] for p in positions]})
+            for position, r in zip(positions, share["results"]):
+                answered[position] = r
+    response = views.respond({"results": answered}, status=200)
     if minimal:
         response.headers["Preference-Applied"] = views.RETURN_MINIMAL
     return response
@@ -191,32 +233,31 @@ async def get(request: web.Request) -> web.Response:
 async def list_jobs(request: web.Request) -> web.Response:
     node = request.app[NODE]
     limits = node.config.limits
-    inputs.check_query(request, inputs.PAGE_QUERY | {"queue", "state"})
+    inputs.check_query(request, inputs.PAGE_QUERY | {"queue", "state", "groups"})
     state = request.query.get("state")
     if state is not None and state not in JOB_STATES:
         raise InvalidRequest(f"state must be one of {', '.join(sorted(JOB_STATES))}")
     limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                              limit_name="page_size_max")
-    jobs: list[dict[str, Any]] = []
-    cursors: list[str | None] = []
+    local, elsewhere = _listed_groups(request, node)
+    items: list[tuple[Any, dict[str, Any]]] = []
+    stops: list[Any] = []
     after = request.query.get("cursor") or None
     namespace = namespaces.of_request(request)
     # The default namespace is the bare ids; another is the ids under its prefix.
     prefix = "" if namespace == namespaces.DEFAULT else namespaces.inside(namespace, "")
     bare_only = namespace == namespaces.DEFAULT
-    for group in node.groups:
+    shown = may_manage_jobs(request)
+    for group in local:
         with node.read(group) as (txn, tables):
             page, cursor = queries.list_jobs(txn, tables, state=state, queue=_queue_filter(request),
                                              limit=limit, after=after, scan_max=limits.list_scan_max,
                                              now_us=node.now_us(), prefix=prefix, bare_only=bare_only)
-        jobs.extend(page)
-        cursors.append(cursor)
-    jobs.sort(key=lambda j: j["job_id"])
-    next_cursor = _merge_cursor(jobs, limit, cursors)
-    if next_cursor is not None:
-        jobs = [j for j in jobs if j["job_id"] <= next_cursor]
-    shown = may_manage_jobs(request)
-    return views.respond({"jobs": [views.job(j, shown) for j in jobs], "next_cursor": next_cursor})
+        items.extend((j["job_id"], views.job(j, shown)) for j in page)
+        if cursor is not None:
+            stops.append(cursor)
+    page_items, stop = await _merged_page(request, items, stops, limit, "jobs", elsewhere)
+    return _page_response(request, local, "jobs", page_items, stop, stop)
 
 
 async def cancel(request: web.Request) -> web.Response:
@@ -303,8 +344,9 @@ def _in_namespace(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
 def _retained(node: Node, spec: dict[str, Any]) -> None:
     """A create naming its retention needs entries that carry it; until its group writes
     them, one that names none is created without (it never expires)."""
-    if spec.keys() & RETENTION:
-        node.require_entry_version(node.group_of_job(spec["job_id"]), ops.RETENTION_SINCE, "a job's retention")
+    group = node.local_group(node.group_id_of_job(spec["job_id"]))
+    if spec.keys() & RETENTION and group is not None:  # a holder elsewhere checks its own
+        node.require_entry_version(group, ops.RETENTION_SINCE, "a job's retention")
 
 
 def _visible_run(node: Node, request: web.Request, run_id: str) -> tuple[Group, dict[str, Any]]:
@@ -326,7 +368,7 @@ async def _create(node: Node, creates: Coalescer, specs: list[dict[str, Any]]) -
         by_group.setdefault(node.group_of_job(spec["job_id"]).group_id, []).append(position)
     out: list[dict[str, Any]] = [{}] * len(specs)
     for group_id, positions in by_group.items():
-        results = await creates.submit(node.groups[group_id], [specs[p] for p in positions])
+        results = await creates.submit(node.group_of_job(specs[positions[0]]["job_id"]), [specs[p] for p in positions])
         for position, r in zip(positions, results):
             out[position] = r
     return out
@@ -391,11 +433,4 @@ def _created_view(node: Node, result: dict[str, Any]) -> dict[str, Any]:
         return _job_view(node, result["job_id"])
     return views.job(queries.as_seen(job, node.now_us()))
 
-
-def _merge_cursor(jobs: list[dict[str, Any]], limit: int, cursors: list[str | None]) -> str | None:
-    """The page ends at the smallest id any group stopped at, so no group's jobs are skipped."""
-    stops = [c for c in cursors if c is not None]
-    if len(jobs) > limit:
-        stops.append(jobs[limit - 1]["job_id"])
-    return min(stops) if stops else None
 

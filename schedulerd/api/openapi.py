@@ -40,6 +40,7 @@ def _param(name: str, where: str, schema: Schema, description: str = "") -> Sche
 
 JOB_PARAM = _param("job_id", "path", JOB_ID)
 RUN_PARAM = _param("run_id", "path", RUN_ID)
+NODE_PARAM = _param("node_id", "path", {"type": "string", "pattern": "^n-[0-9a-f]{12}$"})
 
 
 def _cursor(regex: str) -> Schema:
@@ -164,6 +165,18 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
         "/v1/cluster/digest": {
             "get": {"summary": "A hash of each group's replicated state (equal on converged replicas)",
                     "tags": ["operations"], "responses": _ok("Digests.", {"type": "object"})}},
+        "/v1/cluster/nodes": {
+            "post": {"summary": "Register a joining node (admin scope; `schedulerd --join` calls it)",
+                     "tags": ["operations"],
+                     "requestBody": _body(obj(("node_id", "http", "raft"), node_id=STR, http=STR, raft=STR)),
+                     "responses": _ok("Registered.", obj(node_id=STR, joined={"type": "boolean"}), "200", "201")}},
+        "/v1/cluster/nodes/{node_id}": {
+            "get": {"summary": "One node's state in the registry (no token: a node that was away asks it)",
+                    "tags": ["operations"], "parameters": [NODE_PARAM],
+                    "responses": _ok("The node's state.", obj(node_id=STR, state=STR))},
+            "delete": {"summary": "Drain a node out of the cluster (admin scope): its replicas move, then it leaves",
+                       "tags": ["operations"], "parameters": [NODE_PARAM],
+                       "responses": _ok("Draining.", obj(node_id=STR, state=STR), "202")}},
         "/v1/queues": {
             "get": {"summary": "Per queue: ready now, queued for later, the oldest ready run's wait",
                     "tags": ["operations"],
@@ -185,7 +198,7 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                     "responses": _ok("Prometheus text format.")}},
         "/healthz": {
             "get": {"summary": "The process answers", "tags": ["operations"],
-                    "responses": _ok("Alive.", obj(ok={"type": "boolean"}))}},
+                    "responses": _ok("Alive.", obj(ok={"type": "boolean"}, node_id=nullable(STR)))}},
         "/readyz": {
             "get": {"summary": "Every group has a leader and this node has caught up", "tags": ["operations"],
                     "responses": _ok("Ready.", obj(ok={"type": "boolean"}))}},

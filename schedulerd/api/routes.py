@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd.api import cluster, dashboard, jobs, preview, tasks
+from schedulerd.api import cluster, dashboard, jobs, nodes, preview, tasks
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -35,6 +35,9 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v1/preview", preview.preview),
     ("GET", "/v1/cluster", cluster.cluster),
     ("GET", "/v1/cluster/digest", cluster.digest),
+    ("POST", "/v1/cluster/nodes", nodes.register),
+    ("GET", "/v1/cluster/nodes/{node_id}", nodes.standing),
+    ("DELETE", "/v1/cluster/nodes/{node_id}", nodes.remove),
     ("GET", "/v1/queues", cluster.queues),
     ("GET", "/v1/audit", cluster.audit_log),
     ("GET", "/v1/openapi.json", cluster.openapi_document),

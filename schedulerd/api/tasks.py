@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from schedulerd import auth, jobspec, namespaces, views
-from schedulerd.api import inputs
+from schedulerd.api import forward, inputs
 from schedulerd.api.keys import COMMITS, LEASES, NODE
 from schedulerd.coalescer import Coalescer
 from schedulerd.errors import InvalidRequest, NotFound, from_wire
@@ -43,10 +43,10 @@ async def poll(request: web.Request) -> web.Response:
 
 async def heartbeat_one(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    commits = request.app[COMMITS]
     data = await inputs.body(request)
-    result = (await _heartbeat(node, commits, inputs.string(data, "worker_id", max_len=128),
-                               _mine(node, request, [(request.match_info["run_id"], inputs.fence(data))])))[0]
+    node.group_of_run(request.match_info["run_id"])  # a run whose group is elsewhere: the request goes there
+    result = (await _heartbeat(request, inputs.string(data, "worker_id", max_len=128),
+                               _mine(node, request, [(request.match_info["run_id"], inputs.fence(data))]), []))[0]
     if not result["ok"]:
         raise from_wire(result["error"]["code"], result["error"]["message"])
     return views.respond({"lease_until": result["lease_until"], "now": to_iso(node.now_us())})
@@ -55,23 +55,21 @@ async def heartbeat_one(request: web.Request) -> web.Response:
 async def heartbeat_batch(request: web.Request) -> web.Response:
     node = request.app[NODE]
     limits = node.config.limits
-    commits = request.app[COMMITS]
     data = await inputs.body(request)
     worker_id = inputs.string(data, "worker_id", max_len=128)
     raw = inputs.items(data, "leases", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
     pairs = [(inputs.string(item, "run_id"), inputs.fence(item)) for item in _objects(raw, "leases")]
-    results = await _heartbeat(node, commits, worker_id, _mine(node, request, pairs))
+    results = await _heartbeat(request, worker_id, _mine(node, request, pairs), raw)
     return views.respond({"results": results, "now": to_iso(node.now_us())})
 
 
 async def ack_one(request: web.Request) -> web.Response:
     node = request.app[NODE]
     limits = node.config.limits
-    commits = request.app[COMMITS]
     data = await inputs.body(request)
     item = (request.match_info["run_id"], inputs.fence(data), inputs.result_json(data, limits.result_bytes_max))
-    result = (await _ack(node, commits, inputs.string(data, "worker_id", max_len=128),
-                         _mine(node, request, [item])))[0]
+    node.group_of_run(item[0])  # a run whose group is elsewhere: the request goes there
+    result = (await _ack(request, inputs.string(data, "worker_id", max_len=128), _mine(node, request, [item]), []))[0]
     if not result["ok"]:
         raise from_wire(result["error"]["code"], result["error"]["message"])
     return views.respond({"run": result["run"]})
@@ -80,13 +78,12 @@ async def ack_one(request: web.Request) -> web.Response:
 async def ack_batch(request: web.Request) -> web.Response:
     node = request.app[NODE]
     limits = node.config.limits
-    commits = request.app[COMMITS]
     data = await inputs.body(request)
     worker_id = inputs.string(data, "worker_id", max_len=128)
     raw = inputs.items(data, "acks", max_items=limits.ack_batch_max, limit_name="ack_batch_max")
     acks = [(inputs.string(item, "run_id"), inputs.fence(item), inputs.result_json(item, limits.result_bytes_max))
             for item in _objects(raw, "acks")]
-    results = await _ack(node, commits, worker_id, _mine(node, request, acks), with_runs=False)
+    results = await _ack(request, worker_id, _mine(node, request, acks), raw, with_runs=False)
     return views.respond({"results": results})
 
 
@@ -130,7 +127,8 @@ def _mine(node: Node, request: web.Request, items: list[tuple[Any, ...]]) -> lis
         return items
     out = []
     for item in items:
-        group = node.group_of_run(item[0])
+        group_id = node.group_id_of_run(item[0])
+        group = None if group_id is None else node.local_group(group_id)  # elsewhere: its holder checks
         rec = None
         if group is not None:
             with node.read(group) as (txn, tables):
@@ -146,13 +144,31 @@ def _by_group(node: Node, items: list[tuple[Any, ...]], out: list[dict[str, Any]
     whose run id no run can have gets its not_found result in `out` at once."""
     groups: dict[int, list[int]] = {}
     for position, item in enumerate(items):
-        group = node.group_of_run(item[0])
-        if group is None:
+        group_id = node.group_id_of_run(item[0])
+        if group_id is None:
             out[position] = {"run_id": item[0], "ok": False,
                              "error": {"code": NotFound.code, "message": f"no run {item[0]!r}"}}
         else:
-            groups.setdefault(group.group_id, []).append(position)
+            groups.setdefault(group_id, []).append(position)
     return groups
+
+
+async def _shares(request: web.Request, worker_id: str, items: list[tuple[Any, ...]], raw: list[Any], field: str,
+                  submit: Any) -> list[dict[str, Any]]:
+    """Per item its result: a group held here through `submit(group, positions)`, which
+    fills the results; another group's share (its raw items) sent to a node holding it."""
+    node = request.app[NODE]
+    out: list[dict[str, Any]] = [{}] * len(items)
+    for group_id, positions in _by_group(node, items, out).items():
+        group = node.local_group(group_id)
+        if group is not None:
+            await submit(group, positions, out)
+            continue
+        share = await forward.send_json(request, group_id, request.path_qs,
+                                        {"worker_id": worker_id, field: [raw[p] for p in positions]})
+        for position, r in zip(positions, share["results"]):
+            out[position] = r
+    return out
 
 
 def _item_result(r: dict[str, Any]) -> dict[str, Any]:
@@ -176,27 +192,30 @@ class TaskCommits:
         self.heartbeats = Coalescer(node.propose, Op.HEARTBEAT, "leases", "results", batch, lease_extension)
 
 
-async def _heartbeat(node: Node, commits: TaskCommits, worker_id: str,
-                     pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{}] * len(pairs)
-    for group_id, positions in _by_group(node, pairs, out).items():
-        results = await commits.heartbeats.submit(node.groups[group_id],
-                                                  [[*pairs[p], worker_id] for p in positions])
+async def _heartbeat(request: web.Request, worker_id: str, pairs: list[tuple[str, int]],
+                     raw: list[Any]) -> list[dict[str, Any]]:
+    commits = request.app[COMMITS]
+
+    async def submit(group: Group, positions: list[int], out: list[dict[str, Any]]) -> None:
+        results = await commits.heartbeats.submit(group, [[*pairs[p], worker_id] for p in positions])
         for position, r in zip(positions, results):
             out[position] = _item_result(r)
             if r["ok"]:
                 out[position]["lease_until"] = to_iso(r["lease_until_us"])
-    return out
+
+    return await _shares(request, worker_id, pairs, raw, "leases", submit)
 
 
-async def _ack(node: Node, commits: TaskCommits, worker_id: str, acks: list[tuple[str, int, str | None]],
+async def _ack(request: web.Request, worker_id: str, acks: list[tuple[str, int, str | None]], raw: list[Any],
                with_runs: bool = True) -> list[dict[str, Any]]:
     """Per ack its result; with_runs adds the acked run's view (the batch route answers without)."""
-    out: list[dict[str, Any]] = [{}] * len(acks)
-    for group_id, positions in _by_group(node, acks, out).items():
-        results = await commits.acks.submit(node.groups[group_id], [[*acks[p], worker_id] for p in positions])
+    commits = request.app[COMMITS]
+
+    async def submit(group: Group, positions: list[int], out: list[dict[str, Any]]) -> None:
+        results = await commits.acks.submit(group, [[*acks[p], worker_id] for p in positions])
         for position, r in zip(positions, results):
             out[position] = _item_result(r)
             if r["ok"] and with_runs:
                 out[position]["run"] = views.run(r["run"])
-    return out
+
+    return await _shares(request, worker_id, acks, raw, "acks", submit)

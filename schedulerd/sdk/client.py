@@ -329,6 +329,10 @@ class Client:
     def cluster(self) -> dict[str, Any]:
         return self._request("GET", "/v1/cluster")
 
+    def remove_node(self, node_id: str) -> dict[str, Any]:
+        """Start draining a node out of the cluster (admin scope): `{"node_id", "state"}`."""
+        return self._request("DELETE", f"/v1/cluster/nodes/{quote(node_id, safe='')}")
+
     def audit(self, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
         """One page of the audit log, newest first (admin scope): `{"records": [...], "next_cursor"}`."""
         return self._request("GET", "/v1/audit", query={"limit": limit, "cursor": cursor})

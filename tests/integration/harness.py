@@ -130,6 +130,19 @@ class Cluster:
                  for i in range(n)]
         return cls(nodes)
 
+    def join_node(self, base_dir: str, extra_args: list[str] | None = None, groups: int = 1) -> NodeProc:
+        """Start one more node that joins the running cluster through node 0 (--join)."""
+        http_port, raft_port = free_port_runs(2, groups + 1)
+        name = f"n{len(self.nodes)}"
+        args = [*(extra_args or []), "--join", self.nodes[0].url]
+        if groups > 1:
+            args += ["--groups", str(groups)]
+        node = NodeProc(name, http_port, f"127.0.0.1:{raft_port}", [], os.path.join(base_dir, name),
+                        os.path.join(base_dir, f"{name}.log"), extra_args=args, token=self.nodes[0].token)
+        self.nodes.append(node)
+        node.start()
+        return node
+
     @property
     def urls(self) -> list[str]:
         return [n.url for n in self.nodes]

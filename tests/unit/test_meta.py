@@ -86,8 +86,10 @@ def test_a_node_registers_once_keeps_its_raft_address_and_may_move_its_http_one(
         {"ok": True, "joined": False}
     assert state["nodes"]["n9"]["http"] == "10.0.0.9:8081"
     refused(state, {"op": "register", **new, "raft": "10.0.0.9:9999", "now": T0 + 3}, "keeps its Raft address")
-    refused(state, {"op": "register", "node_id": "n10", "http": "x:1", "raft": "10.0.0.9:9080", "now": T0 + 3},
-            "Raft address 10.0.0.9:9080 belongs to node n9 (alive)")
+    # A new id on n9's Raft address: n9's disk was wiped; it is dead and the new node joins.
+    assert meta.apply(state, {"op": "register", "node_id": "n10", "http": "x:1", "raft": "10.0.0.9:9080",
+                              "now": T0 + 3}) == {"ok": True, "joined": True}
+    assert state["nodes"]["n9"]["state"] == "dead" and state["nodes"]["n10"]["state"] == "alive"
 
 
 def test_node_states_move_only_along_the_allowed_transitions() -> None:
@@ -101,6 +103,9 @@ def test_node_states_move_only_along_the_allowed_transitions() -> None:
     refused(state, {"op": "register", **nodes(4)[3], "now": T0 + 3}, "wipe its data dir and join it as a new node")
     refused(state, {"op": "set_state", "node_id": "n3", "state": "removed", "now": T0 + 3}, "still holds replicas")
     refused(state, {"op": "set_state", "node_id": "n7", "state": "dead", "now": T0 + 3}, "no node 'n7'")
+    # The machine, wiped, comes back on the same Raft address as a new node.
+    again = {**nodes(4)[3], "node_id": "n3b"}
+    assert meta.apply(state, {"op": "register", **again, "now": T0 + 4}) == {"ok": True, "joined": True}
 
 
 def test_a_change_is_begun_against_the_epoch_it_was_planned_at_one_per_group() -> None:
@@ -114,12 +119,14 @@ def test_a_change_is_begun_against_the_epoch_it_was_planned_at_one_per_group() -
     refused(state, {**begin, "group": 7}, "no group 7")
     assert meta.apply(state, begin)["ok"]
     refused(state, {**begin, "kind": "remove", "node_id": "n0"}, "group 0 has a change under way")
-    assert meta.apply(state, {"op": "end_change", "group": 0, "done": True, "now": T0 + 1}) == {"ok": True, "epoch": 2}
+    end = {"op": "end_change", "group": 0, "done": True, "started_us": T0}
+    refused(state, {**end, "started_us": T0 - 5, "now": T0 + 1}, f"began at {T0}, not {T0 - 5}")
+    assert meta.apply(state, {**end, "now": T0 + 1}) == {"ok": True, "epoch": 2}
     assert state["placement"]["0"] == ["n0", "n1", "n2", "n3"]
-    assert meta.apply(state, {**begin, "kind": "remove", "node_id": "n0", "epoch": 2})["ok"]
-    assert meta.apply(state, {"op": "end_change", "group": 0, "done": False, "now": T0 + 2}) == {"ok": True, "epoch": 2}
+    assert meta.apply(state, {**begin, "kind": "remove", "node_id": "n0", "epoch": 2, "now": T0 + 2})["ok"]
+    assert meta.apply(state, {**end, "done": False, "started_us": T0 + 2, "now": T0 + 2}) == {"ok": True, "epoch": 2}
     assert state["placement"]["0"] == ["n0", "n1", "n2", "n3"] and state["moves"] == {"done": 1, "failed": 1}
-    refused(state, {"op": "end_change", "group": 0, "done": True, "now": T0 + 3}, "no change under way")
+    refused(state, {**end, "now": T0 + 3}, "no change under way")
 
 
 def test_the_planner_drives_the_registry_to_balance_through_begin_and_end() -> None:
@@ -133,6 +140,18 @@ def test_the_planner_drives_the_registry_to_balance_through_begin_and_end() -> N
         c = changes[0]
         assert meta.apply(state, {"op": "begin_change", "group": c.group, "kind": c.kind, "node_id": c.node_id,
                                   "epoch": state["epoch"], "now": T0 + step, "reason": c.reason})["ok"]
-        assert meta.apply(state, {"op": "end_change", "group": c.group, "done": True, "now": T0 + step})["ok"]
+        assert meta.apply(state, {"op": "end_change", "group": c.group, "done": True, "started_us": T0 + step,
+                                  "now": T0 + step})["ok"]
     assert placement.is_balanced(meta.node_states(state), meta.data_placement(state), 3)
     assert sorted(placement.loads(meta.node_states(state), meta.data_placement(state)).values()) == [6] * 6
+
+
+def test_the_planned_placement_counts_changes_under_way_as_done() -> None:
+    state = booted(3, 3, 2)
+    assert meta.apply(state, {"op": "register", "node_id": "n3", "http": "h:1", "raft": "r:1", "now": T0})["ok"]
+    assert meta.apply(state, {"op": "begin_change", "group": 0, "kind": "add", "node_id": "n3", "epoch": 1,
+                              "now": T0, "reason": "balance"})["ok"]
+    assert meta.apply(state, {"op": "begin_change", "group": 1, "kind": "remove", "node_id": "n0", "epoch": 1,
+                              "now": T0, "reason": "balance"})["ok"]
+    assert meta.planned_placement(state) == {0: ("n0", "n1", "n2", "n3"), 1: ("n1", "n2")}
+    assert meta.data_placement(state) == {0: ("n0", "n1", "n2"), 1: ("n0", "n1", "n2")}

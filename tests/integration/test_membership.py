@@ -1,0 +1,144 @@
+"""A cluster that grows and heals, on real nodes: a node joins and is given replicas until
+groups and leaders per node are within one of even; a client on any node reads and writes
+every job (a node forwards what it holds no replica of); a node killed for good is declared
+dead and its replicas re-created on the survivors; a drained node leaves every group. Each
+step checks that no acknowledged job was lost."""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import Cluster, NodeProc, wait_until
+
+pytestmark = pytest.mark.integration
+
+FAR = "2031-01-01T00:00:00Z"
+
+
+def view(node: NodeProc) -> dict[str, Any]:
+    status, body = node.get("/v1/cluster")
+    assert status == 200, body
+    return body
+
+
+def settled(cluster: Cluster, replicas: int, groups: int) -> dict[str, Any] | None:
+    """The cluster view (a live node's) once no change is under way, every group has
+    `replicas` members, groups per serving node are within one, and every group has a
+    leader with leaders per node within one (each node knows the leaders of its own groups)."""
+    live = [node for node in cluster.nodes if node.proc is not None and node.get("/readyz")[0] == 200]
+    if not live:
+        return None
+    v = view(live[0])
+    serving = [n for n in v["nodes"] if n["state"] == "alive"]
+    held = [len(n["groups"]) for n in serving]
+    members: dict[int, int] = {}
+    for n in serving:
+        for g in n["groups"]:
+            members[g] = members.get(g, 0) + 1
+    if v["meta"]["changes"] or members != {g: replicas for g in range(groups)} or max(held) - min(held) > 1:
+        return None
+    leaders: dict[int, str] = {}
+    for node in live:
+        for n in view(node)["nodes"]:
+            leaders.update(dict.fromkeys(n["leads"], n["node_id"]))
+    led = [sum(1 for leader in leaders.values() if leader == n["node_id"]) for n in serving]
+    if len(leaders) != groups or max(led) - min(led) > 1:
+        return None
+    return v
+
+
+def create(node: NodeProc, ids: list[str]) -> None:
+    status, body = node.post("/v1/jobs:batch", {"jobs": [{"job_id": i, "schedule": {"at": FAR}} for i in ids]})
+    assert status == 200 and all(r["ok"] for r in body["results"]), body
+
+
+def all_jobs(node: NodeProc) -> set[str]:
+    found: set[str] = set()
+    cursor = None
+    while True:
+        status, body = node.get("/v1/jobs?limit=7" + (f"&cursor={cursor}" if cursor else ""))
+        assert status == 200, body
+        found |= {j["job_id"] for j in body["jobs"]}
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return found
+
+
+def test_a_node_joins_takes_its_share_serves_every_job_and_a_dead_node_is_repaired(
+        make_cluster, tmp_path: pathlib.Path) -> None:
+    groups = 3
+    cluster = make_cluster(3, ["--dead-node-timeout", "5s"], groups=groups)
+    wait_until(lambda: settled(cluster, 3, groups), 30, "the first placement")
+    before = [f"job-{i}" for i in range(40)]
+    create(cluster.nodes[0], before)
+
+    joined = cluster.join_node(str(tmp_path), ["--dead-node-timeout", "5s"], groups=groups)
+    cluster.wait_ready(joined, 60)
+    v = wait_until(lambda: settled(cluster, 3, groups), 90, "the new node's share and balanced leaders")
+    by_id = {n["node_id"]: n for n in v["nodes"]}
+    new_id = view(joined)["node_id"]
+    assert len(by_id) == 4 and by_id[new_id]["state"] == "alive" and by_id[new_id]["groups"]
+    assert sorted(len(n["groups"]) for n in v["nodes"]) == [2, 2, 2, 3]
+    assert len(view(joined)["meta"]["raft_members"]) == 4  # every node is in the metadata group
+
+    # Any node answers for every job: what it holds no replica of, it forwards.
+    after = [f"late-{i}" for i in range(20)]
+    create(joined, after)
+    for node in cluster.nodes:
+        assert all_jobs(node) == set(before) | set(after), node.name
+    for job_id in (before[0], before[17], after[3]):
+        for node in cluster.nodes:
+            status, body = node.get(f"/v1/jobs/{job_id}")
+            assert status == 200 and body["job_id"] == job_id, (node.name, body)
+
+    # Killed for good: declared dead after the timeout, its replicas re-created on the others.
+    meta_leader = v["meta"]["leader_node"]
+    victim = next(n for n in cluster.nodes[1:] if view(n)["node_id"] != meta_leader)
+    victim_id = view(victim)["node_id"]
+    victim.kill9()
+
+    def repaired() -> dict[str, Any] | None:
+        v = settled(cluster, 3, groups)
+        return v if v and next(n for n in v["nodes"] if n["node_id"] == victim_id)["state"] == "dead" else None
+
+    v = wait_until(repaired, 120, "the dead node's replicas re-created on the survivors")
+    assert next(n for n in v["nodes"] if n["node_id"] == victim_id)["groups"] == []
+    for node in cluster.nodes:
+        if node.proc is not None:
+            assert all_jobs(node) == set(before) | set(after), node.name
+
+    # Back from the dead, it learns it was declared dead and serves nothing.
+    victim.start()
+    wait_until(lambda: "declared dead" in str(victim.get("/readyz")[1]), 30, "the dead node to say it is out")
+
+
+def test_a_drained_node_leaves_every_group_and_the_cluster_keeps_every_job(make_cluster) -> None:
+    groups = 2
+    cluster = make_cluster(4, groups=groups)
+    wait_until(lambda: settled(cluster, 3, groups), 30, "the first placement")
+    ids = [f"job-{i}" for i in range(30)]
+    create(cluster.nodes[1], ids)
+    leaving = cluster.nodes[3]
+    leaving_id = view(leaving)["node_id"]
+
+    shown = subprocess.run([sys.executable, "-m", "schedulerd.cli.main", "--server", cluster.nodes[0].url,
+                            "cluster", "remove-node", leaving_id], capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert "draining" in shown.stdout
+
+    def removed() -> dict[str, Any] | None:
+        v = settled(cluster, 3, groups)
+        return v if v and next(n for n in v["nodes"] if n["node_id"] == leaving_id)["state"] == "removed" else None
+
+    v = wait_until(removed, 90, "the drained node to be removed")
+    assert leaving_id not in v["meta"]["members"]
+    assert all(len(n["groups"]) == groups for n in v["nodes"] if n["state"] == "alive")
+    wait_until(lambda: leaving.get("/readyz")[0] == 503, 30, "the removed node to stop serving")
+    for node in cluster.nodes[:3]:
+        assert all_jobs(node) == set(ids)
+    status, body = cluster.nodes[0].get(f"/v1/cluster/nodes/{leaving_id}")
+    assert status == 200 and body["state"] == "removed"
