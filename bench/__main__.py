@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench import profile, retention, scenarios, sd_scenarios
+from bench import profile, retention, scenarios, sd_scenarios, topology
 from bench.common import WORKER_SLOTS, BenchError, uptime_line
 from bench.scenarios import Options
 from bench.speed import PROBE
@@ -95,6 +95,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--lead-s", type=float, default=5.0)
     s.add_argument("--drain-s", type=float, default=30.0)
 
+    s = sub.add_parser("topology", parents=[common],
+                       help="nodes join a 3-node cluster under steady load: time to balance, lateness (schedulerd)")
+    s.add_argument("--rate", type=float, default=2000.0, help="jobs due per second")
+    s.add_argument("--duration", type=float, default=90.0, help="seconds of due times")
+    s.add_argument("--groups", type=int, default=6, help="the cluster's --groups")
+    s.add_argument("--join", type=int, default=2, help="nodes that join")
+    s.add_argument("--join-after", type=float, default=10.0, help="seconds after the first due time")
+    s.add_argument("--cost", action="store_true",
+                   help="instead: the same load on 3 nodes x G groups and 6 nodes x 2G, CPU per node per job")
+    s.add_argument("--lead-s", type=float, default=5.0)
+    s.add_argument("--drain-s", type=float, default=60.0)
+
     s = sub.add_parser("retention", parents=[common],
                        help="steady one-off jobs on nodes with --finished-ttl: store size, RSS, lateness (schedulerd)")
     s.add_argument("--rate", type=float, default=2000.0, help="jobs due per second")
@@ -133,6 +145,10 @@ def run(a: argparse.Namespace, opts: Options) -> scenarios.Report:
                                                a.drain_s, a.side_by_side)
     if a.scenario == "scale":
         return sd_scenarios.scale(opts, a.live, a.baseline_live, a.rate, a.duration, a.lead_s, a.drain_s)
+    if a.scenario == "topology" and a.cost:
+        return topology.cost(opts, a.rate, a.duration, a.groups, a.lead_s, a.drain_s)
+    if a.scenario == "topology":
+        return topology.grow(opts, a.rate, a.duration, a.groups, a.join, a.join_after, a.lead_s, a.drain_s)
     if a.scenario == "retention":
         return retention.retention(opts, a.finished_ttl, a.rate, a.duration, a.lead_s, a.drain_s, a.sample_s,
                                    a.tail_s, a.compare, a.backlog_s, tuple(a.limit))

@@ -102,15 +102,31 @@ class Node:
 
 
 class SdCluster:
-    def __init__(self, base_dir: str, n: int = 3, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, base_dir: str, n: int = 3, extra_args: tuple[str, ...] = (), groups: int = 1) -> None:
         """extra_args: daemon flags every node gets after the ones the cluster needs."""
-        ports = free_port_runs(2 * n, 2)  # a node's Raft port and its metadata group's after it
+        self.groups = groups
+        if groups > 1:
+            extra_args = ("--groups", str(groups), *extra_args)
+        # A node's Raft port, its other data groups' and its metadata group's after it.
+        ports = free_port_runs(2 * n, groups + 1)
         raft = [f"127.0.0.1:{ports[n + i]}" for i in range(n)]
         self.base_dir = base_dir
+        self.extra_args = tuple(extra_args)
         self.nodes = [Node(f"n{i}", ports[i], raft[i], [r for j, r in enumerate(raft) if j != i],
                            os.path.join(base_dir, f"n{i}"), os.path.join(base_dir, f"n{i}.log"),
-                           extra_args=tuple(extra_args))
+                           extra_args=self.extra_args)
                       for i in range(n)]
+
+    def join_node(self) -> Node:
+        """Start one more node that joins the running cluster through node 0 (--join)."""
+        http_port, raft_port = free_port_runs(2, self.groups + 1)
+        name = f"n{len(self.nodes)}"
+        node = Node(name, http_port, f"127.0.0.1:{raft_port}", [], os.path.join(self.base_dir, name),
+                    os.path.join(self.base_dir, f"{name}.log"),
+                    extra_args=(*self.extra_args, "--join", self.nodes[0].url))
+        self.nodes.append(node)
+        node.start()
+        return node
 
     @property
     def urls(self) -> list[str]:
@@ -257,11 +273,12 @@ class SdSystem:
     replicated = "3 replicas (Raft), journal fdatasync + LMDB sync on every node"
 
     def __init__(self, run_dir: str, workers: int = 4, concurrency: int = WORKER_SLOTS, in_flight: int = 16,
-                 node_args: tuple[str, ...] = (), worker_lifetime_s: float | None = None) -> None:
+                 node_args: tuple[str, ...] = (), worker_lifetime_s: float | None = None, groups: int = 1,
+                 nodes: int = 3) -> None:
         """node_args: extra daemon flags of every node; worker_lifetime_s: the workers'
         --lifetime-s (None: their default, 900 s), for runs longer than that."""
         self.dir = os.path.join(run_dir, "schedulerd")
-        self.cluster = SdCluster(self.dir, extra_args=node_args)
+        self.cluster = SdCluster(self.dir, nodes, extra_args=node_args, groups=groups)
         self.fleet = WorkerFleet(self.cluster.urls, os.path.join(self.dir, "workers"), workers, concurrency,
                                  worker_lifetime_s)
         self.in_flight = in_flight
@@ -335,7 +352,7 @@ class SdSystem:
         cpu = meter.end()
         nodes = self._counter_delta(counters, self._counters(), wall_s, per_node.end())
         info = {"created": stats.created, "create_failed": stats.failed, "create_retries": stats.retries,
-                "late_creates": stats.late, "created_at": created_at, "cpu_cores": cpu, "nodes": nodes,
+                "late_creates": stats.late, "created_at": created_at, "cpu_cores": cpu, "nodes": nodes, "wall_s": wall_s,
                 "unacked": plan.count - self.fleet.acked_count(plan.prefix)}
         return self.fleet.records(plan.prefix + "-"), info
 

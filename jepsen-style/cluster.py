@@ -20,6 +20,9 @@ from history import History
 HTTP_PORT = 8080
 RAFT_PORT = 9080
 STOP_WAIT_S = 20.0
+# The nodes' --dead-node-timeout: above every fault's hold but a membership fault's, so only
+# that one has a node declared dead (nemesis.py).
+DEAD_NODE_TIMEOUT_S = 15.0
 # Each node's data dir is its own small tmpfs, so the disk nemesis can fill it.
 DISK_SOURCE = "sdj-disk"  # the mount source name marks our mounts for cleanup
 DISK_MB = 384
@@ -45,6 +48,7 @@ class Node:
     paused: bool = False
     incarnation: int = 0  # bumped on every start: a restart resets what the node reports
     offset_s: float = 0.0
+    joins: bool = False  # a replaced machine: it joins the running cluster instead of naming peers
 
     @property
     def ip(self) -> str:
@@ -83,10 +87,14 @@ class Cluster:
 
     def start(self, i: int) -> None:
         node = self.nodes[i]
-        peers = ",".join(p.raft for p in self.nodes if p.idx != i)
+        others = [p for p in self.nodes if p.idx != i]
+        # A first node names its peers; a replaced machine joins through the others' HTTP.
+        member = ["--join", ",".join(p.url for p in others)] if node.joins else \
+            ["--peers", ",".join(p.raft for p in others)]
         args = ["ip", "netns", "exec", net.node_ns(i), sys.executable, "-m", "schedulerd.main",
                 "--data-dir", node.data_dir, "--http", f"{node.ip}:{HTTP_PORT}", "--raft", node.raft,
-                "--peers", peers, "--clock-offset-file", node.offset_file, "--lease-s", str(self.lease_s),
+                *member, "--clock-offset-file", node.offset_file, "--lease-s", str(self.lease_s),
+                "--dead-node-timeout", f"{DEAD_NODE_TIMEOUT_S:g}s",
                 "--cluster-secret-file", self.secret_file, "--insecure"]
         log = open(node.log_path, "ab")
         # `ip netns exec` execs the command in place: the pid we get is the daemon's own.
@@ -126,10 +134,12 @@ class Cluster:
                 os.remove(path)
                 self.history.add("disk", node=node.idx, event="free")
 
-    def wipe(self, i: int) -> None:
-        """Empty node i's data dir (a stopped node's: the machine lost its disk)."""
+    def wipe(self, i: int, joins: bool = False) -> None:
+        """Empty node i's data dir (a stopped node's: the machine lost its disk); with `joins`
+        it is started from now on as a new machine joining the cluster."""
         node = self.nodes[i]
         assert node.proc is None, "wipe a stopped node"
+        node.joins = node.joins or joins
         for name in os.listdir(node.data_dir):
             path = os.path.join(node.data_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
@@ -212,7 +222,8 @@ class Cluster:
         reply = wire.request("GET", node.url + "/v1/cluster", timeout_s=timeout_s)
         if reply.status != 200 or not isinstance(reply.body, dict):
             return None
-        return reply.body["groups"][0]
+        groups = reply.body.get("groups") or []  # none while a new node waits for its replicas
+        return groups[0] if groups else None
 
     def leader(self) -> int | None:
         """The live node that believes it leads; the highest term wins when an

@@ -89,7 +89,7 @@ def _snapshot(cluster: Cluster) -> list[dict[str, Any] | None]:
             digest = wire.get_json(node.url + "/v1/cluster/digest")["groups"][0]
             out.append({"last_applied": status["last_applied"], "commit_index": status["commit_index"],
                         "digest": digest["digest"], "digest_applied": digest["last_applied"]})
-        except (RuntimeError, KeyError, TypeError):
+        except (RuntimeError, KeyError, TypeError, IndexError):  # IndexError: no replica here yet
             out.append(None)
     return out
 

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from cluster import Cluster
+from cluster import DEAD_NODE_TIMEOUT_S, Cluster
 from history import History
 from net import Net
 from workers import WorkerPool
@@ -26,9 +26,11 @@ VARIANTS = {
     "clock": ("bump", "strobe"),
     "worker": ("kill", "isolate"),
     "disk": ("full-leader", "full-follower"),
-    # A follower's machine loses its disk and comes back on its address as a new node: the
-    # old node is declared dead, its replicas are taken out and re-created on the new one.
-    "membership": ("replace-follower",),
+    # replace-follower: a follower's machine loses its disk and comes back on its address as
+    # a new node at once: the old node is declared dead, its replicas are taken out and
+    # re-created on the new one. dead-and-replaced: a follower is down past the dead-node
+    # timeout, so the cluster repairs without it; then its machine is replaced the same way.
+    "membership": ("replace-follower", "dead-and-replaced"),
 }
 LEADER_LOSS = {("kill", "leader"), ("kill", "all"), ("pause", "leader-election"), ("pause", "leader-lease"),
                ("partition", "isolate-leader")}
@@ -60,8 +62,8 @@ def _hold_s(kind: str, variant: str, rng: random.Random, lease_s: float) -> floa
         return rng.uniform(5.0, 10.0)
     if kind == "disk":
         return rng.uniform(4.0, 8.0)
-    if kind == "membership":  # the replacement's snapshot transfer and catch-up happen in it
-        return rng.uniform(8.0, 12.0)
+    if kind == "membership":  # the replacement's catch-up, or the repair, happens in it
+        return rng.uniform(8.0, 12.0) if variant == "replace-follower" else DEAD_NODE_TIMEOUT_S + rng.uniform(5.0, 8.0)
     return rng.uniform(1.0, 3.0) if variant == "kill" else lease_s + rng.uniform(2.0, 4.0)
 
 
@@ -128,6 +130,9 @@ class Nemesis:
         else:
             self.stop_event.wait(fault.hold_s)
         end = time.time()
+        if (fault.kind, fault.variant) == ("membership", "dead-and-replaced"):
+            for i in targets:  # declared dead: its data dir serves no more; a new machine joins in its place
+                self.cluster.wipe(i, joins=True)
         self.heal()
         recovered = time.time() if self.cluster.wait_leader(LEADER_WAIT_S) is not None else None
         self.history.add("nemesis", n=fault.n, kind=fault.kind, variant=fault.variant, targets=targets,
@@ -154,6 +159,8 @@ class Nemesis:
             return [node], f"{v} {fault.magnitude_s:+.1f}s"
         if k == "membership":
             self.cluster.kill(chosen)
+            if v == "dead-and-replaced":
+                return [chosen], f"node {chosen} down {fault.hold_s:.1f}s (past the dead-node timeout), then replaced"
             self.cluster.wipe(chosen)
             self.cluster.start(chosen)
             return [chosen], f"node {chosen} wiped and started again on its address (a new node)"

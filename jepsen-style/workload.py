@@ -117,8 +117,8 @@ class Workload:
 
     def _applied_after(self, node: int, incarnation: int) -> int | None:
         reply = wire.request("GET", self.urls[node] + "/v1/cluster", timeout_s=3.0)
-        if reply.status != 200 or self.incarnation(node) != incarnation:
-            return None
+        if reply.status != 200 or self.incarnation(node) != incarnation or not reply.body.get("groups"):
+            return None  # no replica on the node yet (a new one waits for the placement)
         return int(reply.body["groups"][0]["last_applied"])
 
     # -- threads ----------------------------------------------------------

@@ -304,6 +304,9 @@ class Group:
             "ready": self.replica.isReady(),
             "peers": self.peers,
             "members": self.members(),
+            # On the leader: the last entry each other member is known to hold.
+            "match_index": {a: pysyncobj_patches.match_index(self.replica, a) for a in self.peers}
+            if self.is_leader() else {},
             "journal_entries": s["log_len"],
             "journal_bytes": self.journal.size_bytes(),
             "snapshotting": self._snapshots.busy(),

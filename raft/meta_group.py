@@ -168,6 +168,10 @@ class MetaGroup:
     def is_leader(self) -> bool:
         return self.replica._isLeader()
 
+    def listening(self) -> bool:
+        """Whether pysyncobj bound this replica's port (it retries quietly while it cannot)."""
+        return bool(pysyncobj_patches.transport(self.replica).ready)
+
     def leader(self) -> str | None:
         leader = self.replica._getLeader()
         return leader.address if leader is not None else None

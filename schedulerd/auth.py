@@ -88,6 +88,8 @@ def required_scopes(method: str, route: str) -> frozenset[str] | None:
         return frozenset({"admin"})
     if route.startswith("/v1/tasks/"):
         return frozenset({"admin", "worker"})
+    if route == "/v1/cluster" and method in ("GET", "HEAD"):  # workers follow the nodes from it
+        return frozenset({"admin", "scheduler", "read", "worker"})
     if method in ("GET", "HEAD"):
         return frozenset({"admin", "scheduler", "read"})
     return frozenset({"admin", "scheduler"})

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from schedulerd.node import Node
+from schedulerd.raft.group import Group
 from schedulerd.storage import queries
 from schedulerd.storage.model import RunState
 from schedulerd.storage.ops import Op
@@ -60,10 +61,20 @@ class Metrics:
         r.register(_StateCollector(self))
 
     def attach(self) -> None:
-        """Start observing the node and its groups (after Node.start)."""
+        """Start observing the node and its groups, those the placement starts later too (after Node.start)."""
         self.node.applied_listeners.append(self.on_applied)
         for group in self.node.groups:
+            self._observe(group, True)
+        self.node.group_listeners.append(self._observe)
+
+    def _observe(self, group: Group, started: bool) -> None:
+        if started:
             group.journal.stats.on_record = self.fsync.labels(str(group.group_id)).observe
+        else:  # a replica moved away: its series go too
+            try:
+                self.fsync.remove(str(group.group_id))
+            except KeyError:
+                pass
 
     def on_applied(self, op: Op, result: dict[str, Any]) -> None:
         """Runs in the Raft tick thread, after the entry's commit."""

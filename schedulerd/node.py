@@ -75,8 +75,9 @@ class Node:
             listener(group, True)
         return group
 
-    def drop_group(self, group_id: int) -> None:
-        """Stop this node's replica of a group it is no longer a member of and delete its files."""
+    def drop_group(self, group_id: int, keep_files: bool = False) -> None:
+        """Stop this node's replica of a group it is no longer a member of and delete its files
+        (or keep them, on a node the cluster declared dead: the operator wipes it)."""
         group = self._by_id.get(group_id)
         if group is None:
             return
@@ -85,6 +86,9 @@ class Node:
         self._by_id = {g: grp for g, grp in self._by_id.items() if g != group_id}
         self.groups = [self._by_id[g] for g in sorted(self._by_id)]
         group.destroy()
+        if keep_files:
+            log.info("replica_stopped group=%d", group_id)
+            return
         group_files.remove(self.config.raft.data_dir, group_id)
         log.info("replica_removed group=%d", group_id)
 

@@ -105,6 +105,9 @@ class Topology:
             self._unheard_since = loop.time()
         if loop.time() - self._unheard_since < STANDING_AFTER_S or self._told_state is not None:
             return
+        if not self.meta.listening():
+            log.error("meta_not_listening address=%s: the metadata group's port could not be bound "
+                      "(in use by another process?)", self.meta.self_addr)
         others = {n["http"] for node_id, n in view["nodes"].items() if node_id != self.node_id}
         others |= set(identity.known_nodes(self.config.raft.data_dir))
         state = await join.standing(sorted(others - {self.http}), self.node_id, self.config.http_tls)
@@ -119,6 +122,8 @@ class Topology:
         if reason is not None and not self._evicted_logged:
             self._evicted_logged = True
             log.error("node_evicted %s", reason)
+            for group in self.node.groups:  # out of the cluster: it serves nothing, not even stale reads
+                self.node.drop_group(group.group_id, keep_files=True)
         loop = asyncio.get_running_loop()
         if (me is None or me["http"] != self.http) and loop.time() >= self._refused_until:
             entry = {"op": "register", "node_id": self.node_id, "http": self.http, "raft": self.config.raft.self_addr}
@@ -252,6 +257,27 @@ class Topology:
                      "raft_members": self.meta.members(),
                      "changes": view["changes"]},
         }
+
+
+def data_groups(view: dict[str, Any], statuses: list[dict[str, Any]], groups: int) -> list[dict[str, Any]]:
+    """Every data group as the placement has it (members and leader as node ids, the change
+    under way), with what this node's replica knows when it holds one: term, commit index,
+    and on its leader each member's lag in entries."""
+    by_raft = {n["raft"]: node_id for node_id, n in view["nodes"].items()}
+    local = {s["group"]: s for s in statuses}
+    out = []
+    for group in range(groups):
+        entry: dict[str, Any] = {"group": group, "members": view["placement"].get(str(group), []),
+                                 "change": view["changes"].get(str(group))}
+        s = local.get(group)
+        if s is not None:
+            leader = s["leader"]
+            entry.update(leader_node=by_raft.get(_base(leader, group)) if leader else None, term=s["term"],
+                         commit_index=s["commit_index"],
+                         lag={by_raft.get(_base(a, group), a): max(0, s["commit_index"] - m)
+                              for a, m in s["match_index"].items()} if s["is_leader"] else None)
+        out.append(entry)
+    return out
 
 
 def _base(address: str, group: int) -> str:

@@ -7,8 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
-from schedulerd import auth, namespaces, views
-from schedulerd.api import inputs
+from schedulerd import auth, namespaces, topology, views
+from schedulerd.api import forward, inputs, jobs
 from schedulerd.api.keys import LEASES, METRICS, NODE, SPEC
 from schedulerd.errors import InvalidRequest, Unavailable
 from schedulerd.storage import queries
@@ -34,18 +34,29 @@ async def cluster(request: web.Request) -> web.Response:
             "poll_waiters": leases.waiters}
     if node.topology is not None:
         body.update(node.topology.status({g["group"]: g["leader"] for g in groups}))
+        body["data_groups"] = topology.data_groups(node.topology.meta.view(), groups, node.config.raft.groups)
     return views.respond(body)
 
 
 async def queues(request: web.Request) -> web.Response:
-    """Per queue: runs leasable now, runs queued for later, the oldest ready run's wait."""
+    """Per queue: runs leasable now, runs queued for later, the oldest ready run's wait, over
+    every group (the nodes holding the groups this one lacks are asked for theirs)."""
     node = request.app[NODE]
+    inputs.check_query(request, frozenset({"groups"}))
     now = node.now_us()
+    local, elsewhere = jobs.listed_groups(request, node)
     stats: dict[str, list[int]] = {}
     cut = False
-    for group in node.groups:
+    for group in local:
         with node.read(group) as (txn, tables):
             cut |= queries.queue_stats(txn, tables, now, node.config.limits.metrics_scan_max, stats)
+    for answer in await forward.gather(request, elsewhere) if elsewhere else []:
+        cut |= answer["truncated"]
+        for stored, (ready, later, oldest) in answer["stats"].items():
+            entry = stats.setdefault(stored, [0, 0, now])
+            entry[0], entry[1], entry[2] = entry[0] + ready, entry[1] + later, min(entry[2], oldest)
+    if "groups" in request.query:  # for the node that asked: by stored name, with the oldest as a time
+        return views.respond({"stats": stats, "truncated": cut, "groups_answered": [g.group_id for g in local]})
     principal = request.get(auth.PRINCIPAL)
     shown = []
     for stored, (ready, later, oldest) in sorted(stats.items()):

@@ -111,7 +111,7 @@ async def dead_letter_list(request: web.Request) -> web.Response:
                              limit_name="page_size_max")
     after = _dead_letter_cursor(request.query.get("cursor"))
     namespace = namespaces.of_request(request)
-    local, elsewhere = _listed_groups(request, node)
+    local, elsewhere = listed_groups(request, node)
     items: list[tuple[Any, dict[str, Any]]] = []
     stops: list[Any] = []
     for group in local:
@@ -126,7 +126,7 @@ async def dead_letter_list(request: web.Request) -> web.Response:
     return _page_response(request, local, "runs", page_items, stop, f"{stop[0]}:{stop[1]}" if stop else None)
 
 
-def _listed_groups(request: web.Request, node: Node) -> tuple[list[Group], list[int]]:
+def listed_groups(request: web.Request, node: Node) -> tuple[list[Group], list[int]]:
     """The groups a list reads here, and those it asks other nodes for. A list sent on by
     another node names its groups (`groups=`) and answers for those held here only."""
     raw = request.query.get("groups")
@@ -239,7 +239,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise InvalidRequest(f"state must be one of {', '.join(sorted(JOB_STATES))}")
     limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                              limit_name="page_size_max")
-    local, elsewhere = _listed_groups(request, node)
+    local, elsewhere = listed_groups(request, node)
     items: list[tuple[Any, dict[str, Any]]] = []
     stops: list[Any] = []
     after = request.query.get("cursor") or None

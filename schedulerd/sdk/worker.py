@@ -40,6 +40,7 @@ _ERROR_HEAD_BYTES_MAX = 1024  # so a huge message cannot crowd out the traceback
 _TRACEBACK_FRAMES_MAX = 8
 HEARTBEAT_INTERVAL_S_MIN = 0.5
 _REQUEST_TIMEOUT_S = 10.0  # ack/nack/heartbeat; a poll gets wait_s on top
+MEMBERS_EVERY_S = 30.0  # how often the worker reads which nodes the cluster has
 _CONNECT_TIMEOUT_S = 3.0  # a black-holed node must not pin a poll loop's slots
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Failures that say "this node, right now" rather than "this request": retry elsewhere.
@@ -156,6 +157,8 @@ class Worker:
         # them all while another node has work; a loop whose poll returns re-reserves.
         share = max(1, min(LEASE_BATCH_MAX, concurrency // len(self.servers)))
         self._poll_max = {server: share for server in self.servers}
+        self._pollers: dict[str, asyncio.Task[None]] = {}
+        self._crashed: asyncio.Future[None] | None = None
         self._server_ahead_s: dict[str, float] = {}  # per server: its time minus ours, last seen
         self._lock = threading.Lock()  # guards _loop/_stop_requested against stop() from threads
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -238,12 +241,17 @@ class Worker:
                  self.worker_id, ",".join(self.servers), ",".join(self._handlers), self.concurrency)
         stop_wait = asyncio.create_task(self._stop_event.wait())
         heartbeat = asyncio.create_task(self._heartbeat_loop())
-        pollers = [asyncio.create_task(self._poll_loop(s)) for s in self.servers]
+        self._crashed = asyncio.get_running_loop().create_future()
+        for server in self.servers:
+            self._start_poller(server)
+        members = asyncio.create_task(self._follow_members())
         try:
-            done, _ = await asyncio.wait([stop_wait, heartbeat, *pollers],
+            done, _ = await asyncio.wait([stop_wait, heartbeat, members, self._crashed],
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await self._shutdown(stop_wait, heartbeat, pollers)
+            members.cancel()
+            await asyncio.gather(members, return_exceptions=True)
+            await self._shutdown(stop_wait, heartbeat, list(self._pollers.values()))
         for finished in done:
             finished.result()  # the loops never return: one that did crashed, so re-raise
 
@@ -283,6 +291,57 @@ class Worker:
         with self._lock:
             self._loop = None
         log.info("worker_stopped worker_id=%s stats=%s", self.worker_id, self.stats)
+
+    async def _follow_members(self) -> None:
+        """Poll every node that serves: the cluster's nodes, read from `/v1/cluster` every
+        MEMBERS_EVERY_S, replace the servers given (a node holds only some groups, and a poll
+        leases from the groups where it lands). A cluster that cannot say keeps the list."""
+        while True:
+            await asyncio.sleep(MEMBERS_EVERY_S)
+            found = await self._members()
+            if found and set(found) != set(self.servers):
+                self._set_servers(found)
+
+    async def _members(self) -> list[str]:
+        for server in list(self.servers):
+            try:
+                async with self._session.get(server + "/v1/cluster",
+                                             timeout=aiohttp.ClientTimeout(total=_REQUEST_TIMEOUT_S)) as resp:
+                    if resp.status != 200:
+                        continue
+                    body = msgspec.json.decode(await resp.read())
+            except (*_TRANSIENT, ValueError):
+                continue
+            scheme = server.split("://", 1)[0]
+            nodes = body.get("nodes") if isinstance(body, dict) else None
+            if isinstance(nodes, list):
+                return sorted(f"{scheme}://{n['http']}" for n in nodes
+                              if isinstance(n, dict) and n.get("state") in ("alive", "suspect") and n.get("http"))
+        return []
+
+    def _set_servers(self, servers: list[str]) -> None:
+        log.info("servers_changed worker_id=%s servers=%s", self.worker_id, ",".join(servers))
+        for gone in set(self.servers) - set(servers):
+            self._pollers.pop(gone).cancel()  # a lease it holds is still acked through the others
+        self.servers = servers
+        share = max(1, min(LEASE_BATCH_MAX, self.concurrency // len(servers)))
+        self._poll_max = {server: share for server in servers}
+        for server in servers:
+            if server not in self._pollers:
+                self._start_poller(server)
+
+    def _start_poller(self, server: str) -> None:
+        """A poll loop never returns: one that did crashed, and the worker stops with its error."""
+        crashed = self._crashed
+        assert crashed is not None, "pollers start in run_async"
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and not crashed.done():
+                crashed.set_exception(task.exception() or RuntimeError(f"poll loop of {server} returned"))
+
+        task = asyncio.create_task(self._poll_loop(server))
+        task.add_done_callback(ended)
+        self._pollers[server] = task
 
     async def _poll_loop(self, server: str) -> None:
         backoff = wire.backoff_s()

@@ -107,3 +107,17 @@ def test_snapshot_cost_times_each_copy_and_the_journal_beside_it(tmp_path: pathl
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "  no copy (0.2 s): journal fdatasync p50" in proc.stdout
     assert "  round 1: " in proc.stdout and "  median: " in proc.stdout
+
+
+def test_topology_grows_a_cluster_under_load_and_runs_every_job_once(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "topology", "--rate", "40", "--duration", "25",
+                           "--groups", "2", "--join", "1", "--join-after", "3", "--workers", "1",
+                           "--json", str(out), "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())["report"]
+    stats = report["stats"]
+    assert stats["ran"] == stats["expected"] > 0 and stats["missing"] == 0 and stats["duplicates"] == 0, stats
+    assert len(report["after"]["groups_per_node"]) == 4, report["after"]
+    assert "| time from the joins until balanced (s)" in proc.stdout

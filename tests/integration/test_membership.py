@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 import subprocess
+from datetime import datetime, timezone
 import sys
 from typing import Any
 
@@ -84,16 +85,36 @@ def test_a_node_joins_takes_its_share_serves_every_job_and_a_dead_node_is_repair
     assert len(by_id) == 4 and by_id[new_id]["state"] == "alive" and by_id[new_id]["groups"]
     assert sorted(len(n["groups"]) for n in v["nodes"]) == [2, 2, 2, 3]
     assert len(view(joined)["meta"]["raft_members"]) == 4  # every node is in the metadata group
+    shown = view(joined)["data_groups"]
+    assert [g["group"] for g in shown] == list(range(groups))
+    assert all(len(g["members"]) == 3 and g["change"] is None for g in shown)
+    assert all(g["leader_node"] in g["members"] for g in shown if "leader_node" in g)
 
     # Any node answers for every job: what it holds no replica of, it forwards.
     after = [f"late-{i}" for i in range(20)]
     create(joined, after)
-    for node in cluster.nodes:
-        assert all_jobs(node) == set(before) | set(after), node.name
+    for node in cluster.nodes:  # a replica that answers a read may be a moment behind its leader
+        wait_until(lambda: all_jobs(node) == set(before) | set(after), 10, f"{node.name} to list every job")
     for job_id in (before[0], before[17], after[3]):
         for node in cluster.nodes:
             status, body = node.get(f"/v1/jobs/{job_id}")
             assert status == 200 and body["job_id"] == job_id, (node.name, body)
+
+    # Runs ready in every group are counted by every node, whichever groups it holds.
+    now = datetime.now(timezone.utc).isoformat()
+    status, body = cluster.nodes[0].post("/v1/jobs:batch", {"jobs": [
+        {"job_id": f"ready-{i}", "schedule": {"at": now}, "queue": "nobody"} for i in range(12)]})
+    assert status == 200 and all(r["ok"] for r in body["results"]), body
+
+    def ready_everywhere() -> bool:
+        for node in cluster.nodes:
+            queues = {q["queue"]: q for q in node.get("/v1/queues")[1]["queues"]}
+            if queues.get("nobody", {}).get("ready") != 12:
+                return False
+        return True
+
+    wait_until(ready_everywhere, 30, "every node to count the 12 ready runs of every group")
+    before += [f"ready-{i}" for i in range(12)]
 
     # Killed for good: declared dead after the timeout, its replicas re-created on the others.
     meta_leader = v["meta"]["leader_node"]
@@ -109,7 +130,7 @@ def test_a_node_joins_takes_its_share_serves_every_job_and_a_dead_node_is_repair
     assert next(n for n in v["nodes"] if n["node_id"] == victim_id)["groups"] == []
     for node in cluster.nodes:
         if node.proc is not None:
-            assert all_jobs(node) == set(before) | set(after), node.name
+            wait_until(lambda: all_jobs(node) == set(before) | set(after), 10, f"{node.name} to list every job")
 
     # Back from the dead, it learns it was declared dead and serves nothing.
     victim.start()
@@ -139,6 +160,6 @@ def test_a_drained_node_leaves_every_group_and_the_cluster_keeps_every_job(make_
     assert all(len(n["groups"]) == groups for n in v["nodes"] if n["state"] == "alive")
     wait_until(lambda: leaving.get("/readyz")[0] == 503, 30, "the removed node to stop serving")
     for node in cluster.nodes[:3]:
-        assert all_jobs(node) == set(ids)
+        wait_until(lambda: all_jobs(node) == set(ids), 10, f"{node.name} to list every job")
     status, body = cluster.nodes[0].get(f"/v1/cluster/nodes/{leaving_id}")
     assert status == 200 and body["state"] == "removed"

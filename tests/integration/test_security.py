@@ -176,9 +176,10 @@ def test_a_node_with_the_wrong_secret_cannot_join_or_disturb(make_cluster, tmp_p
             time.sleep(0.2)
         assert leader.group0()["term"] == term, "the impostor's votes reached the cluster"
         assert leader.post("/v1/jobs", {"job_id": "still-writable", "schedule": {"every": "1h"}})[0] == 201
-        status = impostor.group0()
-        assert status["leader"] is None and status["last_applied"] <= 1, "the impostor got the log"
-        assert impostor.get("/v1/jobs/still-writable")[0] == 404
+        shown = impostor.get("/v1/cluster")[1]
+        # It never hears the metadata group, so it learns no placement and holds no replica.
+        assert shown["cluster"] is None and shown["groups"] == [], "the impostor got the log"
+        assert impostor.get("/v1/jobs/still-writable")[0] == 503
     finally:
         impostor.stop()
 

@@ -62,6 +62,7 @@ class FakeCluster:
         self.lease_batch_max = 500
         self.ack_batch_max = 500
         self.clock_offset_s = 0.0  # the cluster's time minus the worker's (the box's)
+        self.members: list[dict[str, str]] | None = None  # what /v1/cluster lists as nodes (None: 404)
         self.ack_delay_s = 0.0  # how long a batch ack takes to commit
         self.lock = threading.Lock()
         self.queued: list[dict[str, Any]] = []
@@ -150,6 +151,7 @@ class FakeNode:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         app = web.Application()
         app.add_routes([
+            web.get("/v1/cluster", self.cluster_view),
             web.post("/v1/tasks/poll", self.poll),
             web.post("/v1/tasks/heartbeat", self.heartbeat_batch),
             web.post("/v1/tasks/ack", self.ack_batch),
@@ -169,6 +171,11 @@ class FakeNode:
     def reply(self, kind: str, body: dict[str, Any], status: int, data: dict[str, Any]) -> web.Response:
         self.cluster.record(kind, self.url, body, status)
         return web.json_response(data, status=status)
+
+    async def cluster_view(self, request: web.Request) -> web.Response:
+        if self.cluster.members is None:
+            return web.json_response({"error": {"code": "not_found", "message": "no route"}}, status=404)
+        return web.json_response({"nodes": self.cluster.members})
 
     async def poll(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -609,6 +616,31 @@ def test_dead_server_does_not_stop_the_worker(net, caplog):
 
     assert sorted(b["result"] for b in cluster.bodies("ack")) == list(range(6))
     assert f"poll_failed server={dead}" in caplog.text
+
+
+def test_a_worker_follows_the_nodes_the_cluster_lists(net, monkeypatch):
+    monkeypatch.setattr("schedulerd.sdk.worker.MEMBERS_EVERY_S", 0.2)
+    cluster = FakeCluster()
+    first, joined, leaving = net.node(cluster), net.node(cluster), net.node(cluster)
+
+    def listed(*nodes: FakeNode, dead: FakeNode | None = None) -> list[dict[str, str]]:
+        out = [{"http": n.url.removeprefix("http://"), "state": "alive"} for n in nodes]
+        return out + ([{"http": dead.url.removeprefix("http://"), "state": "dead"}] if dead else [])
+
+    cluster.members = listed(first, leaving)
+    worker = Worker([first.url], concurrency=4, wait_s=0.5)
+    worker.handler("work")(lambda task: None)
+    net.run(worker)
+    wait_until(lambda: sorted(worker.servers) == sorted([first.url, leaving.url]), what="the listed nodes")
+    cluster.members = listed(first, joined, dead=leaving)  # one joined, one was declared dead
+    wait_until(lambda: sorted(worker.servers) == sorted([first.url, joined.url]), what="the new list")
+    polled_at = len(cluster.events)
+    wait_until(lambda: any(k == "poll" and n == joined.url for k, n, _, _ in cluster.events[polled_at:]),
+               what="a poll on the joined node")
+    assert leaving.url not in worker._pollers  # its poll loop was stopped
+    for i in range(4):
+        cluster.add("work", i)
+    wait_until(lambda: worker.stats.acked == 4, what="4 acks")
 
 
 def test_result_the_server_refuses_is_nacked_with_the_reason(net):
