@@ -75,12 +75,17 @@ class LeaseQueue:
         backoff ending, a run claimed ahead of its time, a follower's defer ending); no
         apply signals that."""
         best = float("inf")
-        for group in self.node.groups:
+        for group in self._leasable():
             with self.node.read(group) as (txn, tables):
                 at = queries.next_ready_us(txn, tables, queues)
             if at is not None:
                 best = min(best, max(0.0, (at - self._asks_before_us(group)) / US_PER_S))
         return best + 0.001 if best != float("inf") else 3600.0
+
+    def _leasable(self) -> list[Group]:
+        """This node's groups it may lease from: not those it is about to leave."""
+        leaving = self.node.leaving
+        return [g for g in self.node.groups if g.group_id not in leaving]
 
     def _asks_before_us(self, group: Group) -> int:
         """This node asks to lease runs available before this time: now, as the leader
@@ -90,7 +95,7 @@ class LeaseQueue:
 
     async def _lease_once(self, worker_id: str, queues: list[str], max_tasks: int) -> list[views.TaskView]:
         tasks: list[views.TaskView] = []
-        for group in self.node.groups:
+        for group in self._leasable():
             want = max_tasks - len(tasks)
             if want <= 0:
                 break

@@ -41,6 +41,9 @@ class Node:
         # changed in place) when the placement gives or takes one, so a reader's list holds.
         self.groups: list[Group] = []
         self._by_id: dict[int, Group] = {}
+        # Groups this node is about to leave (a change under way removes it): no more leases
+        # are asked from them here, so no poll is cut off mid-grant when the replica goes.
+        self.leaving: frozenset[int] = frozenset()
         # Called on the event loop with (group, True) once a replica starts here, and with
         # (group, False) just before one stops (the leader loops follow these).
         self.group_listeners: list[Callable[[Group, bool], None]] = []

@@ -50,6 +50,10 @@ class Replicas:
         if view["cluster"] is None:
             return
         want = wanted(view, self.node_id)
+        self.node.leaving = frozenset(
+            {g.group_id for g in self.node.groups if g.group_id not in want}
+            | {int(key) for key, change in view["changes"].items()
+               if key != meta.META and change["kind"] == "remove" and change["node_id"] == self.node_id})
         for group_id, joining in sorted(want.items()):
             if self.node.local_group(group_id) is None:
                 self.node.start_group(group_id, peers_of(view, group_id, self.node_id), joining)

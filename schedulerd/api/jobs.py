@@ -344,8 +344,10 @@ def _in_namespace(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
 def _retained(node: Node, spec: dict[str, Any]) -> None:
     """A create naming its retention needs entries that carry it; until its group writes
     them, one that names none is created without (it never expires)."""
+    if not spec.keys() & RETENTION:
+        return
     group = node.local_group(node.group_id_of_job(spec["job_id"]))
-    if spec.keys() & RETENTION and group is not None:  # a holder elsewhere checks its own
+    if group is not None:  # a holder elsewhere checks its own
         node.require_entry_version(group, ops.RETENTION_SINCE, "a job's retention")
 
 

@@ -44,6 +44,7 @@ class FakeNode:
     def __init__(self, group: FakeGroup) -> None:
         self.config = NodeConfig(raft=RaftConfig(self_addr="127.0.0.1:7000"))
         self.groups = [group]
+        self.leaving: frozenset[int] = frozenset()
         self.proposed: list[dict[str, Any]] = []
 
     def now_us(self) -> int:
@@ -69,12 +70,19 @@ def ready_run(tmp_path: pathlib.Path) -> Driver:
     return d
 
 
-def _asks(driver: Driver, leader: bool, now_us: int) -> bool:
+def _asks(driver: Driver, leader: bool, now_us: int, leaving: frozenset[int] = frozenset()) -> bool:
     group = FakeGroup(driver, leader)
     group.clocks.now_us = now_us
     node = FakeNode(group)
+    node.leaving = leaving
     asyncio.run(LeaseQueue(node)._lease_once("w1", ["q"], 10))  # type: ignore[arg-type]
     return bool(node.proposed)
+
+
+def test_no_lease_is_asked_from_a_group_the_node_is_about_to_leave(ready_run: Driver) -> None:
+    # A grant committed as the replica goes would reach no worker: its runs would wait out the lease.
+    assert _asks(ready_run, leader=True, now_us=T0)
+    assert not _asks(ready_run, leader=True, now_us=T0, leaving=frozenset({FakeGroup.group_id}))
 
 
 def test_the_leader_asks_for_a_run_as_soon_as_it_is_ready(ready_run: Driver) -> None:
