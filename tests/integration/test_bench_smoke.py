@@ -111,7 +111,7 @@ def test_snapshot_cost_times_each_copy_and_the_journal_beside_it(tmp_path: pathl
 
 def test_topology_grows_a_cluster_under_load_and_runs_every_job_once(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "bench", "topology", "--rate", "40", "--duration", "25",
+    proc = subprocess.run([sys.executable, "-m", "bench", "topology", "--rate", "40", "--duration", "12",
                            "--groups", "2", "--join", "1", "--join-after", "3", "--workers", "1",
                            "--json", str(out), "--data-root", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -20,7 +20,7 @@ def stub_node() -> SimpleNamespace:
     """Enough of a Node to build the app; no request in these tests reaches Raft."""
     return SimpleNamespace(config=SimpleNamespace(limits=Limits(), lease_s=30.0, http_host="127.0.0.1",
                                                   allowed_hosts=(), allowed_origins=()),
-                           groups=[], applied_listeners=[],
+                           groups=[], applied_listeners=[], group_listeners=[],
                            propose=None, clock=None)
 
 

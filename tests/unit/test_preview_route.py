@@ -32,7 +32,7 @@ def stub_node(now: str = NOW) -> SimpleNamespace:
     config = SimpleNamespace(limits=Limits(), lease_s=30.0, http_host="127.0.0.1", allowed_hosts=(),
                              allowed_origins=())
     return SimpleNamespace(clock=clock, now_us=clock.now_us, config=config, propose=None,
-                           groups=[], applied_listeners=[])
+                           groups=[], applied_listeners=[], group_listeners=[])
 
 
 def get(query: dict[str, Any] | str, now: str = NOW) -> tuple[int, Any]:
