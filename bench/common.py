@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import socket
 import subprocess
 import time
@@ -30,31 +31,41 @@ class BenchError(Exception):
 
 
 def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
+    return free_port_runs(n, 1)
+
+
+def _server_ports() -> tuple[int, int]:
+    """Where ports for servers are drawn: below the kernel's ephemeral range. A port drawn in
+    it could be taken, between the draw and the server's bind, as the source port of any
+    outgoing connection (a test's own polls make 50 a second), and a node whose metadata
+    port was taken that way never bootstrapped."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    return 10000, max(10000 + 1000, ephemeral_low)
 
 
 def free_port_runs(n: int, width: int) -> list[int]:
     """n first ports of `width` consecutive ports each, all free a moment ago (a node's
     Raft port is the first of a run: its groups and its metadata group listen on the next)."""
+    low, high = _server_ports()
+    draw = random.Random()  # seeded from the OS: processes drawing at once pick apart
     held: list[socket.socket] = []
     firsts: list[int] = []
     try:
         while len(firsts) < n:
-            held.append(_bound(0))
-            first = held[-1].getsockname()[1]
+            first = draw.randrange(low, high - width)
+            run = []
             try:
-                for offset in range(1, width):
-                    held.append(_bound(first + offset))
+                for offset in range(width):
+                    run.append(_bound(first + offset))
             except OSError:
-                continue  # a later port is taken: what is bound stays held, so it is not drawn again
+                for sock in run:
+                    sock.close()
+                continue
+            held += run
             firsts.append(first)
         return firsts
     finally:
