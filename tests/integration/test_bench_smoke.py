@@ -17,21 +17,26 @@ pytestmark = pytest.mark.integration
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def run_bench(tmp_path: pathlib.Path, args: list[str], timeout_s: float) -> tuple[str, dict]:
+    """`python -m bench ARGS` with its JSON written under tmp_path: its stdout and its raw report."""
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", *args, "--json", str(out), "--data-root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, json.loads(out.read_text())["report"]
+
+
 @pytest.mark.parametrize("scenario, args", [
     ("steady", ["--rate", "50", "--duration", "3", "--workers", "1"]),
     ("spike", ["--jobs", "500", "--workers", "1"]),
 ])
 def test_bench_scenario_runs_every_job_once(tmp_path: pathlib.Path, scenario: str, args: list[str]) -> None:
-    out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "bench", scenario, *args, "--json", str(out),
-                           "--data-root", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    stats = json.loads(out.read_text())["report"]["stats"]["schedulerd"]
+    stdout, report = run_bench(tmp_path, [scenario, *args], 240)
+    stats = report["stats"]["schedulerd"]
     assert stats["expected"] > 0 and stats["ran"] == stats["expected"], stats
     assert stats["missing"] == 0 and stats["duplicates"] == 0, stats
-    assert "## " + scenario in proc.stdout
-    assert "| box slowdown over the window" in proc.stdout
+    assert "## " + scenario in stdout
+    assert "| box slowdown over the window" in stdout
 
 
 def test_retention_samples_the_store_and_the_ttl_deletes(tmp_path: pathlib.Path) -> None:
@@ -78,13 +83,8 @@ def test_sdk_cost_acks_every_task() -> None:
 
 
 def test_scale_side_by_side_runs_every_window_on_both_clusters(tmp_path: pathlib.Path) -> None:
-    out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "bench", "scale", "--live", "2000", "--baseline-live", "500",
-                           "--rate", "30", "--duration", "2", "--workers", "1", "--side-by-side", "1",
-                           "--json", str(out), "--data-root", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(out.read_text())["report"]
+    _, report = run_bench(tmp_path, ["scale", "--live", "2000", "--baseline-live", "500", "--rate", "30",
+                                     "--duration", "2", "--workers", "1", "--side-by-side", "1"], 300)
     assert [w["system"] for w in report["windows"]] == ["500 live", "2,000 live"]
     for stats in report["stats"].values():
         assert stats["ran"] == stats["expected"] > 0 and stats["duplicates"] == 0, stats
@@ -110,14 +110,9 @@ def test_snapshot_cost_times_each_copy_and_the_journal_beside_it(tmp_path: pathl
 
 
 def test_topology_grows_a_cluster_under_load_and_runs_every_job_once(tmp_path: pathlib.Path) -> None:
-    out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "bench", "topology", "--rate", "40", "--duration", "12",
-                           "--groups", "2", "--join", "1", "--join-after", "3", "--workers", "1",
-                           "--json", str(out), "--data-root", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(out.read_text())["report"]
+    stdout, report = run_bench(tmp_path, ["topology", "--rate", "40", "--duration", "12", "--groups", "2",
+                                          "--join", "1", "--join-after", "3", "--workers", "1"], 300)
     stats = report["stats"]
     assert stats["ran"] == stats["expected"] > 0 and stats["missing"] == 0 and stats["duplicates"] == 0, stats
     assert len(report["after"]["groups_per_node"]) == 4, report["after"]
-    assert "| time from the joins until balanced (s)" in proc.stdout
+    assert "| time from the joins until balanced (s)" in stdout
