@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
@@ -24,7 +24,9 @@ log = logging.getLogger("schedulerd.raft")
 
 
 class _MetaReplica(SyncObj):
-    def __init__(self, owner: "MetaGroup", self_addr: str, peers: list[str], conf: SyncObjConf) -> None:
+    def __init__(self, owner: "MetaGroup", self_addr: str | None, peers: list[str], conf: SyncObjConf) -> None:
+        """`self_addr` None: an observer (pysyncobj's read-only node), which dials every
+        voter, is sent the log like a follower, and never votes or stands for election."""
         self._owner = owner
         super().__init__(self_addr, peers, conf)
 
@@ -34,21 +36,25 @@ class _MetaReplica(SyncObj):
 
 
 class HeardFrom:
-    """A rider that keeps, on the leader, when each follower last answered, and on a
-    follower when the leader last sent (monotonic s)."""
+    """A rider that keeps, on the leader, when each follower or observer last answered, and
+    on a follower when the leader last sent (monotonic s). An answer names its sender's
+    metadata address: pysyncobj knows an observer only by a connection number."""
 
-    def __init__(self) -> None:
+    def __init__(self, self_addr: str) -> None:
+        self.self_addr = self_addr
         self.at: dict[str, float] = {}
         self.leader_at = 0.0  # on a follower: when the leader was last heard
 
     def answer_fields(self) -> dict[str, Any]:
-        return {}
+        return {"from_addr": self.self_addr}
 
     def append_fields(self) -> dict[str, Any]:
         return {}
 
     def heard_answer(self, node: Any, message: dict[str, Any]) -> None:
-        self.at[node.address] = time.monotonic()
+        address = message.get("from_addr") or getattr(node, "address", None)
+        if isinstance(address, str):
+            self.at[address] = time.monotonic()
 
     def heard_append(self, message: dict[str, Any]) -> None:
         self.leader_at = time.monotonic()
@@ -56,13 +62,19 @@ class HeardFrom:
 
 class MetaGroup:
     """Thread model as a data group's: pysyncobj's tick thread applies, asyncio callers get
-    results through futures and read the state through `view()`."""
+    results through futures and read the state through `view()`.
 
-    def __init__(self, self_addr: str, peers: Sequence[str], conf: RaftConfig,
-                 on_fatal: Callable[[str], None], joining: bool = False) -> None:
-        """`peers`: the members to start with when this data dir holds no metadata log yet;
-        `joining`: this replica is being added to a running metadata group (it votes only
-        once its log holds the entry that adds it)."""
+    A node runs its replica as a voter or as an observer (storage/meta_voters.py says
+    which); both keep the same journal, so a node switched from one to the other (a new
+    MetaGroup on the same data dir) starts from the log it has."""
+
+    def __init__(self, self_addr: str, first_members: Sequence[str], conf: RaftConfig,
+                 on_fatal: Callable[[str], None], voter: bool | None = None) -> None:
+        """`first_members`: the voters as of the log's first entry when this data dir holds
+        none yet (the first nodes' addresses, or the voters a joining node was told of);
+        `voter`: run as a voter or an observer, or (None) as the log says. A voter that its
+        own log does not hold yet is being added to a running group: it votes only once its
+        log holds the entry that adds it."""
         self.self_addr = self_addr
         # Called in the tick thread after each applied command (the topology wakes on it).
         self.on_applied: Callable[[], None] = lambda: None
@@ -72,19 +84,21 @@ class MetaGroup:
         journal_path = os.path.join(conf.data_dir, "meta.journal")
         log_journal = journal.DurableJournal(journal_path)
         journal.install(lambda path: log_journal)
-        members = membership.members_in_log({self_addr, *peers}, 0, log_journal[:])
+        members = membership.members_in_log(first_members, 0, log_journal[:])
+        self.voter = self_addr in members if voter is None else voter
         self._member_since: dict[str, float] = {}  # when each member was added, as this replica saw it
+        self._watched_since: dict[str, float] = {}  # on the leader: when it was first asked about each observer
         self.peers = sorted(members - {self_addr})
         sconf = conf.sync_conf(journal_path)
-        self.replica = _MetaReplica(self, self_addr, self.peers, sconf)
+        self.replica = _MetaReplica(self, self_addr if self.voter else None, self.peers, sconf)
         self.journal = journal.journal_for(journal_path)
         self.journal.on_error = lambda error: on_fatal(f"group=meta journal: {error}")
         pysyncobj_patches.fix_log_replication(self.replica, self.journal)
-        if joining:
+        if self.voter and self_addr not in members:
             pysyncobj_patches.no_votes_before_joining(self.replica)
         pysyncobj_patches.watch_membership(self.replica, self._members_changed)
         self._members_changed()
-        self.heard = HeardFrom()
+        self.heard = HeardFrom(self_addr)
         # A follower that has not heard its leader for this long (a removed member is never
         # told; pysyncobj keeps the last leader it knew) does not take its view as current.
         self._heard_within_s = 2 * conf.election_timeout_s_max
@@ -128,18 +142,24 @@ class MetaGroup:
             if self.replica._isLeader():
                 self.replica.transferLeadership()
 
-    def silence_s(self) -> dict[str, float]:
-        """On the leader: seconds since each other member last answered, counted from no
-        earlier than when this node became leader or the member was added; empty on a follower."""
+    def silence_s(self, observers: Iterable[str]) -> dict[str, float]:
+        """On the leader: seconds since each other voter, and each of `observers` (metadata
+        addresses), last answered, counted from no earlier than when this node became
+        leader, the voter was added or the observer was first asked about; empty on a
+        follower."""
         since = self._leader_since
         if since is None or not self.replica._isLeader():
             return {}
         now = time.monotonic()
-        return {address: now - max(since, self._member_since.get(address, since), self.heard.at.get(address, since))
-                for address in self.peers}
+        watched = set(observers) - set(self.peers) - {self.self_addr}
+        self._watched_since = {a: self._watched_since.get(a, now) for a in watched}
+        floors = {**self._watched_since, **self._member_since}
+        return {address: now - max(since, floors.get(address, since), self.heard.at.get(address, since))
+                for address in self.peers + sorted(watched)}
 
     def members(self) -> list[str]:
-        return sorted([self.self_addr, *self.peers])
+        """The voters' metadata addresses."""
+        return sorted([self.self_addr, *self.peers] if self.voter else self.peers)
 
     def is_current(self) -> bool:
         """This replica heard its leader lately and has applied all the leader had committed:
@@ -169,8 +189,9 @@ class MetaGroup:
         return self.replica._isLeader()
 
     def listening(self) -> bool:
-        """Whether pysyncobj bound this replica's port (it retries quietly while it cannot)."""
-        return bool(pysyncobj_patches.transport(self.replica).ready)
+        """Whether pysyncobj bound this replica's port (it retries quietly while it cannot);
+        an observer binds none."""
+        return not self.voter or bool(pysyncobj_patches.transport(self.replica).ready)
 
     def leader(self) -> str | None:
         leader = self.replica._getLeader()

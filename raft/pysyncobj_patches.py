@@ -263,7 +263,9 @@ def hear_removed_nodes_until_committed(replica: SyncObj) -> None:
     leader it could elect. Raft asks servers to take messages from any server; only a
     removed member's own disruption is to be kept out, and that once it is out for good.
     What such a node sends that only a member may (an answer to an append, a vote) is
-    dropped: pysyncobj would count the vote, and fail on the answer."""
+    dropped: pysyncobj would count the vote, and fail on the answer. An observer (a
+    read-only node, which is in no configuration) is answered like a member: the leader
+    moves its next index on its answers, or it never catches up."""
     change = replica._SyncObj__doChangeCluster
     apply_command = replica._SyncObj__doApplyCommand
     tcp = transport(replica)
@@ -272,7 +274,8 @@ def hear_removed_nodes_until_committed(replica: SyncObj) -> None:
     handle = tcp._onMessageReceivedCallback
 
     def on_message(node: Any, message: dict[str, Any]) -> None:
-        if message.get("type") in _MEMBERS_ONLY and node not in replica._SyncObj__otherNodes:
+        if message.get("type") in _MEMBERS_ONLY and node not in replica._SyncObj__otherNodes \
+                and node not in replica._SyncObj__readonlyNodes:
             return
         handle(node, message)
 
@@ -288,7 +291,8 @@ def hear_removed_nodes_until_committed(replica: SyncObj) -> None:
     def applied(command: bytes) -> Any:
         result = apply_command(command)
         removal = membership_change(command)
-        if removal is not None and removal[0] == "remove" and removal[1] != replica.selfNode.id \
+        self_node = replica.selfNode  # None on an observer (a read-only node)
+        if removal is not None and removal[0] == "remove" and (self_node is None or removal[1] != self_node.id) \
                 and all(node.id != removal[1] for node in replica.otherNodes):
             drop(node_class(removal[1]))
         return result

@@ -52,7 +52,7 @@ class NodeConfig:
     # 3, or 1 for a cluster that starts with fewer than 3 nodes.
     replication_factor: int | None = None
     # Replicas of the metadata group once the cluster has that many nodes (3 or 5).
-    meta_replicas: int = 3
+    meta_replicas: int = 5
     # How often a node checks that the metadata knows it, and its leader whether to bootstrap
     # and whom to declare suspect or dead.
     registry_interval_s: float = 1.0

@@ -101,8 +101,10 @@ def _nothing_to_reload() -> None:
 @click.option("--replication-factor", type=click.Choice(["1", "3", "5"]), default=None,
               help="Replicas of each data group, fixed when the cluster is bootstrapped "
                    "[default: 3, or 1 when the cluster starts with fewer than 3 nodes].")
-@click.option("--meta-replicas", type=click.Choice(["3", "5"]), default="3", show_default=True,
-              help="Replicas of the metadata group (the node registry and the placement) once there are that many nodes.")
+@click.option("--meta-replicas", type=click.Choice(["3", "5"]), default="5", show_default=True,
+              help="Voters of the metadata group (the node registry and the placement) once the cluster has "
+                   "that many nodes (3 while it has 3 or 4); the other nodes follow its log without a vote. "
+                   "Fixed when the cluster is bootstrapped.")
 @click.option("--dead-node-timeout", default="10m", show_default=True,
               help="Silence after which a node is declared dead: its replicas are re-created on the "
                    "others and it never serves again (wipe it and join it as a new node).")

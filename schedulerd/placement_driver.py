@@ -5,7 +5,7 @@ group_changes.py), moves the metadata group's own members, and retires drained n
 Guard rails, as Consul's autopilot keeps them: a change begins only against the placement
 epoch it was planned at; one change per group at a time and at most
 `placement_changes_max` at once; nothing changes a group whose live members are not a
-quorum; a node leaves the metadata group only once it is removed or dead."""
+quorum; the metadata group's voters follow storage/meta_voters.py, one change at a time."""
 from __future__ import annotations
 
 import asyncio
@@ -15,12 +15,11 @@ from typing import Any, Awaitable, Callable
 from schedulerd.config import NodeConfig
 from schedulerd.raft.conf import group_addr
 from schedulerd.raft.meta_group import MetaGroup
-from schedulerd.storage import meta, placement
+from schedulerd.storage import meta, meta_voters, placement
 
 log = logging.getLogger("schedulerd.topology")
 
 Propose = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-_SERVES = frozenset({"alive", "suspect", "draining"})
 
 
 class PlacementDriver:
@@ -39,8 +38,9 @@ class PlacementDriver:
         return group_addr(view["nodes"][node_id]["raft"], self.config.raft.groups)
 
     async def _move_meta_members(self, view: dict[str, Any]) -> None:
-        """Every node that serves is a member of the metadata group; a dead, removed or fully
-        drained one is taken out. Carried out here, by the metadata group's own leader."""
+        """Keep the metadata group's voters to storage/meta_voters.py: carried out here, by
+        the group's own leader. The node being added or taken out switches its own replica
+        to a voter or an observer as soon as it sees the change begun (topology.py)."""
         change = view["changes"].get(meta.META)
         if change is None:
             change = await self._begin_meta_change(view)
@@ -60,19 +60,13 @@ class PlacementDriver:
                  "done" if result["ok"] else result["error"])
 
     async def _begin_meta_change(self, view: dict[str, Any]) -> dict[str, Any] | None:
-        members = view["placement"][meta.META]
-        states = meta.node_states(view)
-        live = [m for m in members if states.get(m) in _SERVES]
-        if len(live) <= len(members) // 2:
-            return None  # no quorum to commit a change with: an operator must act
-        gone = sorted(m for m in members if states.get(m) in ("dead", "removed"))
-        joining = sorted(n for n, state in states.items() if state == "alive" and n not in members)
-        if gone:
-            kind, node_id, reason = "remove", gone[0], f"node {gone[0]} is {states.get(gone[0])}"
-        elif joining:
-            kind, node_id, reason = "add", joining[0], "a new node"
-        else:
+        by_meta_addr = {self._meta_addr(view, n): n for n in view["nodes"]}
+        leader = by_meta_addr.get(self.meta.self_addr)
+        change = meta_voters.next_change(meta.node_states(view), view["placement"][meta.META],
+                                         view["cluster"]["meta_replicas"], leader)
+        if change is None:
             return None
+        kind, node_id, reason = change
         command = {"op": "begin_change", "group": meta.META, "kind": kind, "node_id": node_id,
                    "epoch": view["epoch"], "reason": reason}
         result = await self._propose(command)

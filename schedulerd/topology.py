@@ -17,7 +17,7 @@ from schedulerd.placement_driver import PlacementDriver
 from schedulerd.raft.conf import group_addr
 from schedulerd.raft.meta_group import MetaGroup
 from schedulerd.raft.proposals import ProposalFailed
-from schedulerd.storage import meta
+from schedulerd.storage import meta, meta_voters
 
 if TYPE_CHECKING:
     from schedulerd.node import Node
@@ -29,6 +29,7 @@ log = logging.getLogger("schedulerd.topology")
 REFUSED_RETRY_S = 60.0
 # A metadata replica with no leader for this long asks the other nodes whether it is still in the cluster.
 STANDING_AFTER_S = 5.0
+_SERVES = frozenset({"alive", "suspect", "draining"})
 
 
 class Topology:
@@ -39,9 +40,11 @@ class Topology:
         self.node_id = identity.node_id(config.raft.data_dir)
         self.http = f"{config.http_host}:{config.http_port}"
         addr, peers = config.raft.meta_addrs()
-        joining = bool(config.join_meta_peers)
-        self.meta = MetaGroup(addr, list(config.join_meta_peers) if joining else peers, config.raft, on_fatal,
-                              joining=joining)
+        # The voters as of the metadata log's first entry: the first nodes, or for a node
+        # that joins the voters it was told of (it starts as an observer).
+        self._first_meta = list(config.join_meta_peers) if config.join_meta_peers else [addr, *peers]
+        self._on_fatal = on_fatal
+        self.meta = MetaGroup(addr, self._first_meta, config.raft, on_fatal)
         self._now_us = node.now_us
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -114,6 +117,21 @@ class Topology:
         if state in ("dead", "removed"):
             self._told_state = state
 
+    def _keep_meta_role(self, view: dict[str, Any]) -> bool:
+        """Run this node's metadata replica as a voter or an observer, as the placement says
+        (storage/meta_voters.py); True when it was just switched (its new replica replays
+        the log before its view is whole again). A leader hands over before it stops voting."""
+        wants = meta_voters.votes(view, self.node_id)
+        if wants is None or wants == self.meta.voter or self.meta.is_leader():
+            return False
+        log.info("meta_role_switch node_id=%s to=%s", self.node_id, "voter" if wants else "observer")
+        old = self.meta
+        old.destroy()
+        self.meta = MetaGroup(old.self_addr, self._first_meta, self.config.raft, self._on_fatal, voter=wants)
+        self.meta.on_applied = old.on_applied
+        self.driver.meta = self.meta
+        return True
+
     async def _step(self) -> None:
         view = self.meta.view()
         await self._ask_standing(view)
@@ -124,10 +142,13 @@ class Topology:
             log.error("node_evicted %s", reason)
             for group in self.node.groups:  # out of the cluster: it serves nothing, not even stale reads
                 self.node.drop_group(group.group_id, keep_files=True)
+        if reason is None and self._keep_meta_role(view):
+            return
         loop = asyncio.get_running_loop()
         if (me is None or me["http"] != self.http) and loop.time() >= self._refused_until:
             entry = {"op": "register", "node_id": self.node_id, "http": self.http, "raft": self.config.raft.self_addr}
-            # A joining node is no member of the metadata group yet: a member registers it.
+            # A joining node's observer has not caught up yet: a member registers it, after
+            # checking that the node answers at the address it gives.
             joining = me is None and bool(self.config.join) and not self.meta.is_current()
             try:
                 result = await (join.register(self.config, entry) if joining else self._propose(entry))
@@ -137,7 +158,7 @@ class Topology:
             if result["ok"]:
                 log.info("node_registered node_id=%s http=%s raft=%s joined=%s", self.node_id, self.http,
                          self.config.raft.self_addr, result["joined"])
-                if joining:  # the metadata group adds this node next; its log will show the entry
+                if joining:  # its observer will show the entry once it has caught up
                     self._refused_until = loop.time() + REFUSED_RETRY_S
             else:
                 self._refused_until = loop.time() + REFUSED_RETRY_S
@@ -212,9 +233,11 @@ class Topology:
         return result
 
     def _silence_by_node(self, view: dict[str, Any]) -> dict[str, float]:
-        """On the metadata leader: seconds each other member has been silent, by node id."""
+        """On the metadata leader: seconds each other voter, and each node that serves as an
+        observer, has been silent, by node id."""
         by_meta_addr = {group_addr(n["raft"], self.config.raft.groups): node_id for node_id, n in view["nodes"].items()}
-        return {by_meta_addr[a]: s for a, s in self.meta.silence_s().items() if a in by_meta_addr}
+        serving = [a for a, node_id in by_meta_addr.items() if view["nodes"][node_id]["state"] in _SERVES]
+        return {by_meta_addr[a]: s for a, s in self.meta.silence_s(serving).items() if a in by_meta_addr}
 
     def figures(self, leaders: dict[int, str | None]) -> dict[str, Any]:
         """What /metrics shows of the topology (schedulerd/metrics.py)."""

@@ -30,6 +30,9 @@ POLL_MARGIN_S = 5.0
 # A 503's Retry-After is honoured, but never beyond this: an election takes
 # about a second, and the caller's deadline matters more than the hint.
 RETRY_AFTER_S_MAX = 2.0
+# A client that must fail over reads the cluster's nodes (GET /v1/cluster) at most this
+# often, and tries the ones it was not given after the ones it was.
+MEMBERS_EVERY_S = 30.0
 USER_AGENT = "schedulerd-client/0.1"
 
 
@@ -87,6 +90,14 @@ def _parse_server(url: str) -> _Server:
     )
 
 
+def _parse_member(url: str) -> _Server | None:
+    """A learned member's URL, or None for an address no client could dial."""
+    try:
+        return _parse_server(url)
+    except ValueError:
+        return None
+
+
 def _decode(response: _Response) -> Any:
     """The JSON document of a non-503 answer, or the typed error it carries."""
     status, body = response.status, response.body
@@ -122,6 +133,10 @@ class Client:
     `Retry-After`, capped) and goes round again until `timeout_s` has passed
     since the call began. Then it raises the last error; when that was a
     connection failure, `Unavailable("no server reachable: ...")`.
+    A server that fails sends the client to the cluster's member list: the
+    nodes `/v1/cluster` lists as serving are tried after the servers given
+    (read at most every MEMBERS_EVERY_S), so one URL of a cluster whose
+    nodes come and go keeps working while any node it lists answers.
     A 4xx raises the typed error the server sent; any other unexpected
     answer (5xx, non-JSON) raises `SchedulerError` with the status.
     """
@@ -136,7 +151,9 @@ class Client:
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        self._servers = _parse_servers(servers)
+        self._given = _parse_servers(servers)
+        self._servers = list(self._given)  # the given servers, then the members learned
+        self._members_read_at: float | None = None
         self.timeout_s = timeout_s
         self._token = token
         self._namespace = namespace  # sent as X-Namespace: jobs, runs and queues live in one
@@ -412,8 +429,10 @@ class Client:
         last: Exception = Unavailable("no attempt was made before the deadline")
         while True:
             retry_after_s = 0.0
-            for index in self._round():
+            tried: set[str] = set()
+            while (index := self._next_untried(tried)) is not None:
                 server = self._servers[index]
+                tried.add(server.url)
                 read_s = min(attempt_s, deadline - time.monotonic())
                 if read_s <= 0:
                     # The pause overslept the deadline (a loaded box), and a socket refuses a
@@ -439,14 +458,47 @@ class Client:
                     raise _outcome_unknown(server, last)
                 if time.monotonic() >= deadline:
                     raise _give_up(last, unreachable)
+                self._learn_members(deadline)
             pause_s = max(next(pauses), min(retry_after_s, RETRY_AFTER_S_MAX))
             if time.monotonic() + pause_s >= deadline:
                 raise _give_up(last, unreachable)
             time.sleep(pause_s)
 
-    def _round(self) -> list[int]:
+    def _next_untried(self, tried: set[str]) -> int | None:
+        """The next server of this round, from the last one that answered on."""
         count = len(self._servers)
-        return [(self._preferred + offset) % count for offset in range(count)]
+        for offset in range(count):
+            index = (self._preferred + offset) % count
+            if self._servers[index].url not in tried:
+                return index
+        return None
+
+    def _learn_members(self, deadline: float) -> None:
+        """Replace the learned servers with the nodes the first server to answer
+        `/v1/cluster` lists as serving (same scheme as the first server given)."""
+        now = time.monotonic()
+        if self._members_read_at is not None and now - self._members_read_at < MEMBERS_EVERY_S:
+            return
+        self._members_read_at = now
+        scheme = "https" if self._given[0].https else "http"
+        for server in list(self._servers):
+            read_s = min(CONNECT_S_MAX, deadline - time.monotonic())
+            if read_s <= 0:
+                return
+            try:
+                response = self._send(server, "GET", "/v1/cluster", None, read_s)
+                nodes = json.loads(response.body).get("nodes") if response.status == 200 else None
+            except (_TransportError, ValueError, AttributeError):
+                continue
+            if not isinstance(nodes, list):
+                continue
+            given = {s.url for s in self._given}
+            learned = sorted({f"{scheme}://{n['http']}" for n in nodes if isinstance(n, dict)
+                              and n.get("state") in ("alive", "suspect") and isinstance(n.get("http"), str)} - given)
+            current = self._servers[self._preferred].url
+            self._servers = self._given + [parsed for parsed in map(_parse_member, learned) if parsed is not None]
+            self._preferred = next((i for i, s in enumerate(self._servers) if s.url == current), 0)
+            return
 
     def _send(
         self, server: _Server, method: str, target: str, data: bytes | None, read_s: float,

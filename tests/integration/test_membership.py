@@ -84,7 +84,9 @@ def test_a_node_joins_takes_its_share_serves_every_job_and_a_dead_node_is_repair
     new_id = view(joined)["node_id"]
     assert len(by_id) == 4 and by_id[new_id]["state"] == "alive" and by_id[new_id]["groups"]
     assert sorted(len(n["groups"]) for n in v["nodes"]) == [2, 2, 2, 3]
-    assert len(view(joined)["meta"]["raft_members"]) == 4  # every node is in the metadata group
+    # Three voters of the metadata group; the fourth node follows its log as an observer.
+    new_meta = view(joined)["meta"]
+    assert len(new_meta["members"]) == 3 and new_id not in new_meta["members"], new_meta
     shown = view(joined)["data_groups"]
     assert [g["group"] for g in shown] == list(range(groups))
     assert all(len(g["members"]) == 3 and g["change"] is None for g in shown)
@@ -128,6 +130,10 @@ def test_a_node_joins_takes_its_share_serves_every_job_and_a_dead_node_is_repair
 
     v = wait_until(repaired, 120, "the dead node's replicas re-created on the survivors")
     assert next(n for n in v["nodes"] if n["node_id"] == victim_id)["groups"] == []
+    # The dead voter's place in the metadata group went to the observer.
+    v = wait_until(lambda: (lambda m: m if new_id in m["members"] and m["changes"] == {} else None)(
+        view(joined)["meta"]), 60, "the observer to be given the dead node's vote")
+    assert victim_id not in v["members"] and len(v["members"]) == 3 and len(v["raft_members"]) == 3
     for node in cluster.nodes:
         if node.proc is not None:
             wait_until(lambda: all_jobs(node) == set(before) | set(after), 10, f"{node.name} to list every job")
@@ -141,6 +147,11 @@ def test_a_drained_node_leaves_every_group_and_the_cluster_keeps_every_job(make_
     groups = 2
     cluster = make_cluster(4, groups=groups)
     wait_until(lambda: settled(cluster, 3, groups), 30, "the first placement")
+    # Four first nodes all start as voters of the metadata group; it is trimmed to three.
+    v = wait_until(lambda: (lambda m: m if len(m["members"]) == 3 and not m["changes"] else None)(
+        view(cluster.nodes[0])["meta"]), 30, "the metadata group trimmed to three voters")
+    observer = next(n for n in cluster.nodes if view(n)["node_id"] not in v["members"])
+    assert observer.get("/readyz")[0] == 200 and len(view(observer)["meta"]["raft_members"]) == 3
     ids = [f"job-{i}" for i in range(30)]
     create(cluster.nodes[1], ids)
     leaving = cluster.nodes[3]

@@ -73,6 +73,7 @@ class FakeCluster:
     faults: list[_Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: threading.Event = field(default_factory=threading.Event)
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # what /v1/cluster lists
 
     def fail_next(self, method: str, path: str, kind: str, *, port: int | None = None,
                   times: int = 1) -> None:
@@ -317,7 +318,7 @@ def cluster_info(cluster: FakeCluster, params: dict[str, str], query: dict[str, 
     groups = [{"group": g, "leader": "127.0.0.1:9080", "is_leader": True, "term": 3 + g,
                "commit_index": 120 + g, "last_applied": 120 + g, "ready": True,
                "peers": [], "entry_version": 6, "entry_version_newest": 6 + g} for g in range(2)]
-    return 200, {"node": "127.0.0.1:9080", "groups": groups}
+    return 200, {"node": "127.0.0.1:9080", "groups": groups, "nodes": cluster.nodes}
 
 
 def health(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],

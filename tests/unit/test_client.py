@@ -121,6 +121,21 @@ def test_no_reachable_server_names_every_url():
         assert f"{url}: connection refused" in caught.value.message
 
 
+def test_a_failing_server_sends_the_client_to_the_nodes_the_cluster_lists(two):
+    cluster, (a, b) = two
+    cluster.nodes = [{"node_id": "a", "http": a.url.removeprefix("http://"), "state": "alive"},
+                     {"node_id": "b", "http": b.url.removeprefix("http://"), "state": "alive"},
+                     {"node_id": "c", "http": "127.0.0.1:1", "state": "removed"}]
+    client = Client(a.url, timeout_s=5.0)
+    client.create_job({"job_id": "j1", "schedule": AT})
+    cluster.fail_next("GET", "/v1/jobs/j1", UNAVAILABLE, port=a.port, times=100)
+    assert client.get_job("j1")["job_id"] == "j1"
+    assert [s.port for s in cluster.requests("GET", "/v1/jobs/j1")] == [a.port, b.port]
+    assert [s.url for s in client._servers] == [a.url, b.url]  # the removed node is not tried
+    client.get_job("j1")  # the node that answered last is asked first
+    assert [s.port for s in cluster.requests("GET", "/v1/jobs/j1")] == [a.port, b.port, b.port]
+
+
 def test_a_silent_server_times_out_and_the_next_one_answers(two):
     cluster, (silent, good) = two
     cluster.fail_next("GET", "/healthz", HANG, port=silent.port)
