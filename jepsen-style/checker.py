@@ -35,9 +35,10 @@ the end (outcome ok, or nack when the seeded handler failed on purpose).
                     counted separately in the figures).
   A redelivery with none of these is a duplicate dispatch.
 - ran after cancel: for an acknowledged cancel, `applied_hi` is the answering
-  node's last_applied read right after the ack (>= the cancel's Raft index:
-  the node applied it before answering; discarded if the node restarted in
-  between). A fence is the Raft index of the entry that granted the lease, so
+  node's last_applied in the job's group read right after the ack (>= the
+  cancel's Raft index: the node applied it before answering; discarded if the
+  node restarted in between, none when it holds no replica of that group and
+  forwarded the cancel; each group has its own indexes). A fence is the Raft index of the entry that granted the lease, so
   a dispatch of that job with fence > applied_hi was leased after the cancel
   committed. With attempt == 1 the run had never been leased before: that is a
   violation ("no new run after the response"). With attempt > 1 it is a

@@ -23,6 +23,7 @@ STOP_WAIT_S = 20.0
 # The nodes' --dead-node-timeout: above every fault's hold but a membership fault's, so only
 # that one has a node declared dead (nemesis.py).
 DEAD_NODE_TIMEOUT_S = 15.0
+REPLICATION_FACTOR = 3  # the nodes' default: each group on 3 nodes (a drain of one of 3 never ends)
 # Each node's data dir is its own small tmpfs, so the disk nemesis can fill it.
 DISK_SOURCE = "sdj-disk"  # the mount source name marks our mounts for cleanup
 DISK_MB = 384
@@ -49,6 +50,7 @@ class Node:
     incarnation: int = 0  # bumped on every start: a restart resets what the node reports
     offset_s: float = 0.0
     joins: bool = False  # a replaced machine: it joins the running cluster instead of naming peers
+    spare: bool = False  # a slot with no machine in the cluster: one may join on its address
 
     @property
     def ip(self) -> str:
@@ -67,14 +69,19 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, n: int, out_dir: str, lease_s: float, history: History, repo_root: str) -> None:
+    """`n` first nodes, then `spare` slots where new machines join (membership nemesis)."""
+
+    def __init__(self, n: int, spare: int, groups: int, out_dir: str, lease_s: float, history: History,
+                 repo_root: str) -> None:
         self.history = history
         self.lease_s = lease_s
+        self.groups = groups
+        self.first = n
         self.repo_root = repo_root
         base = os.path.join(out_dir, "nodes")
         os.makedirs(base, exist_ok=True)
         self.nodes = [Node(i, os.path.join(base, f"n{i}"), os.path.join(base, f"n{i}.log"),
-                           os.path.join(base, f"n{i}.clock-offset")) for i in range(n)]
+                           os.path.join(base, f"n{i}.clock-offset"), spare=i >= n) for i in range(n + spare)]
         # Raft runs encrypted and authenticated, as in production; the HTTP API stays open
         # on the private bridge (--insecure) so the checkers need no tokens.
         self.secret_file = os.path.join(out_dir, "cluster.secret")
@@ -83,18 +90,24 @@ class Cluster:
 
     @property
     def urls(self) -> list[str]:
-        return [n.url for n in self.nodes]
+        """The URLs of the nodes in the cluster now (clients and workers are given the first ones)."""
+        return [n.url for n in self.active]
+
+    @property
+    def active(self) -> list[Node]:
+        """The slots whose machine is in the cluster (running or not), as opposed to spares."""
+        return [n for n in self.nodes if not n.spare]
 
     def start(self, i: int) -> None:
         node = self.nodes[i]
-        others = [p for p in self.nodes if p.idx != i]
-        # A first node names its peers; a replaced machine joins through the others' HTTP.
-        member = ["--join", ",".join(p.url for p in others)] if node.joins else \
-            ["--peers", ",".join(p.raft for p in others)]
+        # A first node names the first nodes as its peers (on every start, as its unit file
+        # would); a new machine joins through the HTTP of the nodes in the cluster now.
+        member = ["--join", ",".join(p.url for p in self.active if p.idx != i)] if node.joins else \
+            ["--peers", ",".join(p.raft for p in self.nodes[:self.first] if p.idx != i)]
         args = ["ip", "netns", "exec", net.node_ns(i), sys.executable, "-m", "schedulerd.main",
                 "--data-dir", node.data_dir, "--http", f"{node.ip}:{HTTP_PORT}", "--raft", node.raft,
                 *member, "--clock-offset-file", node.offset_file, "--lease-s", str(self.lease_s),
-                "--dead-node-timeout", f"{DEAD_NODE_TIMEOUT_S:g}s",
+                "--dead-node-timeout", f"{DEAD_NODE_TIMEOUT_S:g}s", "--groups", str(self.groups),
                 "--cluster-secret-file", self.secret_file, "--insecure"]
         log = open(node.log_path, "ab")
         # `ip netns exec` execs the command in place: the pid we get is the daemon's own.
@@ -111,7 +124,8 @@ class Cluster:
             subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", DISK_SOURCE, node.data_dir],
                            check=True)
             self.set_offset(node.idx, 0.0, record=False)
-            self.start(node.idx)
+            if not node.spare:
+                self.start(node.idx)
 
     def fill_disk(self, i: int) -> int:
         """Fill node i's data dir until DISK_LEFT_BYTES are free; returns the bytes left."""
@@ -144,6 +158,48 @@ class Cluster:
             path = os.path.join(node.data_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         self.history.add("disk", node=i, event="wipe")
+
+    def join_spare(self) -> int | None:
+        """A new machine joins on the first spare slot's address (its disk empty); None
+        when there is no spare slot."""
+        spare = next((n for n in self.nodes if n.spare), None)
+        if spare is None:
+            return None
+        self.wipe(spare.idx, joins=True)
+        spare.spare = False
+        self.start(spare.idx)
+        return spare.idx
+
+    def retire(self, i: int) -> None:
+        """Node i's machine leaves for good: stopped, disk wiped, its slot a spare."""
+        self.kill(i)
+        self.wipe(i, joins=True)
+        self.nodes[i].spare = True
+        self.history.add("node", node=i, event="retired")
+
+    def node_id(self, i: int) -> str | None:
+        s = self.cluster_view(i)
+        return s.get("node_id") if s else None
+
+    def cluster_view(self, i: int, timeout_s: float = 2.0) -> dict[str, Any] | None:
+        node = self.nodes[i]
+        if not node.alive() or node.paused:
+            return None
+        reply = wire.request("GET", node.url + "/v1/cluster", timeout_s=timeout_s)
+        return reply.body if reply.status == 200 and isinstance(reply.body, dict) else None
+
+    def drain(self, i: int, via: int) -> bool:
+        """Ask node `via` to drain node i out of the cluster (schedctl cluster remove-node)."""
+        node_id = self.node_id(i)
+        if node_id is None:
+            return False
+        reply = wire.request("DELETE", f"{self.nodes[via].url}/v1/cluster/nodes/{node_id}", timeout_s=5.0)
+        self.history.add("node", node=i, event="drain", node_id=node_id, status=reply.status)
+        return reply.status == 202
+
+    def registry_state(self, node_id: str, via: int) -> str | None:
+        reply = wire.request("GET", f"{self.nodes[via].url}/v1/cluster/nodes/{node_id}", timeout_s=2.0)
+        return reply.body.get("state") if reply.status == 200 and isinstance(reply.body, dict) else None
 
     def kill(self, i: int) -> None:
         node = self.nodes[i]
@@ -185,7 +241,7 @@ class Cluster:
     def heal_processes(self) -> None:
         """Every node running, none paused, no clock offset, disks with room."""
         self.unfill_disks()
-        for node in self.nodes:
+        for node in self.active:
             if node.offset_s != 0.0:
                 self.set_offset(node.idx, 0.0)
             if node.paused:
@@ -216,20 +272,16 @@ class Cluster:
     # -- observation ------------------------------------------------------
 
     def status(self, i: int, timeout_s: float = 2.0) -> dict[str, Any] | None:
-        node = self.nodes[i]
-        if not node.alive() or node.paused:
-            return None
-        reply = wire.request("GET", node.url + "/v1/cluster", timeout_s=timeout_s)
-        if reply.status != 200 or not isinstance(reply.body, dict):
-            return None
-        groups = reply.body.get("groups") or []  # none while a new node waits for its replicas
+        """Node i's replica of group 0, or None (down, paused, or no replica of it here)."""
+        view = self.cluster_view(i, timeout_s)
+        groups = [g for g in (view or {}).get("groups") or [] if g.get("group") == 0]
         return groups[0] if groups else None
 
     def leader(self) -> int | None:
         """The live node that believes it leads; the highest term wins when an
         isolated old leader still believes too."""
         best: tuple[int, int] | None = None
-        for node in self.nodes:
+        for node in self.active:
             s = self.status(node.idx)
             if s and s.get("is_leader"):
                 if best is None or s["term"] > best[0]:
@@ -249,7 +301,7 @@ class Cluster:
         """Every node answers /readyz (has a leader, caught up)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if all(wire.request("GET", n.url + "/readyz", timeout_s=2).status == 200 for n in self.nodes):
+            if all(wire.request("GET", n.url + "/readyz", timeout_s=2).status == 200 for n in self.active):
                 return True
             time.sleep(0.3)
         return False

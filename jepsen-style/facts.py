@@ -3,6 +3,7 @@ the checkers and the figures. Occurrences are keyed (job_id, scheduled_us)
 with integer microseconds; nothing here judges, it only organises."""
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,14 +88,16 @@ class Facts:
             self.runs = ref["runs"]
 
     def reference_node(self) -> int:
-        """The node whose state the checkers read jobs and runs from: one whose digest a
-        majority shares, else the one that applied most. A node left behind must not
-        make the others' work look unexpected (convergence reports it)."""
-        digests = Counter(r["digest"]["groups"][0]["digest"] for r in self.reads)
-        best, count = digests.most_common(1)[0]
+        """The node whose final reads the checkers take jobs and runs from: one whose reads
+        a majority shares, else the one that read the most runs. A node left behind must
+        not make the others' work look unexpected (convergence reports it). Any node
+        answers for every group (it forwards what it holds no replica of), so the reads
+        compare whatever replicas each node holds."""
+        keys = [json.dumps([sorted(j["job_id"] for j in r["jobs"]), r["runs"]], sort_keys=True) for r in self.reads]
+        best, count = Counter(keys).most_common(1)[0]
         if count * 2 > len(self.reads):
-            return next(i for i, r in enumerate(self.reads) if r["digest"]["groups"][0]["digest"] == best)
-        return max(range(len(self.reads)), key=lambda i: self.reads[i]["digest"]["groups"][0]["last_applied"])
+            return keys.index(best)
+        return max(range(len(self.reads)), key=lambda i: sum(len(v) for v in self.reads[i]["runs"].values()))
 
     # -- questions the checkers ask ---------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 import wire
-from cluster import Cluster
+from cluster import REPLICATION_FACTOR, Cluster
 
 PAGE = 1000
 OPEN_RUN_STATES = {"queued", "running", "retry_wait"}
@@ -81,30 +81,44 @@ def settle(cluster: Cluster, timeout_s: float) -> dict[str, Any]:
     return {"settled": False, "open_runs": last}
 
 
-def _snapshot(cluster: Cluster) -> list[dict[str, Any] | None]:
-    out: list[dict[str, Any] | None] = []
-    for node in cluster.nodes:
+def _snapshot(cluster: Cluster) -> dict[str, Any]:
+    """Per node in the cluster, per replica it holds: last applied, commit index, digest."""
+    out: dict[str, Any] = {}
+    for node in cluster.active:
         try:
-            status = wire.get_json(node.url + "/v1/cluster")["groups"][0]
-            digest = wire.get_json(node.url + "/v1/cluster/digest")["groups"][0]
-            out.append({"last_applied": status["last_applied"], "commit_index": status["commit_index"],
-                        "digest": digest["digest"], "digest_applied": digest["last_applied"]})
-        except (RuntimeError, KeyError, TypeError, IndexError):  # IndexError: no replica here yet
-            out.append(None)
+            status = {g["group"]: g for g in wire.get_json(node.url + "/v1/cluster")["groups"]}
+            digests = wire.get_json(node.url + "/v1/cluster/digest")["groups"]
+            out[str(node.idx)] = {str(d["group"]): {
+                "last_applied": status[d["group"]]["last_applied"], "commit_index": status[d["group"]]["commit_index"],
+                "digest": d["digest"], "digest_applied": d["last_applied"]} for d in digests}
+        except (RuntimeError, KeyError, TypeError):
+            out[str(node.idx)] = None
     return out
 
 
+def _agreed(snap: dict[str, Any], groups: int, replicas: int) -> bool:
+    """Every node answered, every group has `replicas` replicas (none left over where a
+    replica was dropped, none missing), and each group's replicas are identical."""
+    if any(s is None for s in snap.values()):
+        return False
+    for group in map(str, range(groups)):
+        held = [s[group] for s in snap.values() if group in s]
+        if len(held) != replicas or len({tuple(sorted(h.items())) for h in held}) != 1:
+            return False
+    return True
+
+
 def wait_converged(cluster: Cluster, timeout_s: float) -> dict[str, Any]:
-    """Same last_applied, commit index and digest on every node, seen twice in a row
-    (once could be a coincidence mid-change)."""
+    """Each group's replicas agree on last_applied, commit index and digest, seen twice in a
+    row (once could be a coincidence mid-change)."""
     deadline = time.monotonic() + timeout_s
     start = time.monotonic()
-    previous: list[dict[str, Any] | None] | None = None
-    snap: list[dict[str, Any] | None] = []
+    replicas = min(REPLICATION_FACTOR, len(cluster.active))
+    previous: dict[str, Any] | None = None
+    snap: dict[str, Any] = {}
     while time.monotonic() < deadline:
         snap = _snapshot(cluster)
-        same = all(s is not None for s in snap) and len({(s["last_applied"], s["commit_index"], s["digest"],
-                                                          s["digest_applied"]) for s in snap}) == 1
+        same = _agreed(snap, cluster.groups, replicas)
         if same and snap == previous:
             return {"converged": True, "nodes": snap, "waited_s": round(time.monotonic() - start, 1)}
         previous = snap if same else None
@@ -115,7 +129,7 @@ def wait_converged(cluster: Cluster, timeout_s: float) -> dict[str, Any]:
 def read_all(cluster: Cluster) -> list[dict[str, Any]]:
     """Everything every node knows: the checkers compare the nodes with each other."""
     out = []
-    for node in cluster.nodes:
+    for node in cluster.active:
         jobs = list_jobs(node.url)
         out.append({"node": node.idx, "jobs": jobs,
                     "runs": {j["job_id"]: job_runs(node.url, j["job_id"]) for j in jobs},

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from cluster import DEAD_NODE_TIMEOUT_S, Cluster
+from cluster import DEAD_NODE_TIMEOUT_S, REPLICATION_FACTOR, Cluster
 from history import History
 from net import Net
 from workers import WorkerPool
@@ -29,8 +29,11 @@ VARIANTS = {
     # replace-follower: a follower's machine loses its disk and comes back on its address as
     # a new node at once: the old node is declared dead, its replicas are taken out and
     # re-created on the new one. dead-and-replaced: a follower is down past the dead-node
-    # timeout, so the cluster repairs without it; then its machine is replaced the same way.
-    "membership": ("replace-follower", "dead-and-replaced"),
+    # timeout, so the cluster repairs without it; then a new machine joins in its place, on a
+    # spare slot's address when there is one. join: a new machine joins on a spare slot and
+    # is given its share. remove: a follower is drained out (schedctl cluster remove-node)
+    # and, once removed, its machine is retired to a spare slot.
+    "membership": ("replace-follower", "dead-and-replaced", "join", "remove"),
 }
 LEADER_LOSS = {("kill", "leader"), ("kill", "all"), ("pause", "leader-election"), ("pause", "leader-lease"),
                ("partition", "isolate-leader")}
@@ -38,6 +41,7 @@ GAP_S = (3.0, 6.0)  # calm between faults
 RECOVER_S = 4.0  # planning estimate of heal + re-election after each fault
 LEADER_WAIT_S = 20.0  # to find a leader to aim at (a loaded box elects slowly)
 STROBE_PERIOD_S = 0.5
+REMOVE_WAIT_S = 60.0  # past its hold, how long a drain may take before the node is left draining
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,10 @@ def _hold_s(kind: str, variant: str, rng: random.Random, lease_s: float) -> floa
         return rng.uniform(5.0, 10.0)
     if kind == "disk":
         return rng.uniform(4.0, 8.0)
-    if kind == "membership":  # the replacement's catch-up, or the repair, happens in it
-        return rng.uniform(8.0, 12.0) if variant == "replace-follower" else DEAD_NODE_TIMEOUT_S + rng.uniform(5.0, 8.0)
+    if kind == "membership":  # the catch-up, the moves or the repair happen in it
+        if variant == "dead-and-replaced":
+            return DEAD_NODE_TIMEOUT_S + rng.uniform(5.0, 8.0)
+        return rng.uniform(8.0, 12.0) if variant == "replace-follower" else rng.uniform(12.0, 18.0)
     return rng.uniform(1.0, 3.0) if variant == "kill" else lease_s + rng.uniform(2.0, 4.0)
 
 
@@ -124,15 +130,17 @@ class Nemesis:
             return
         start = time.time()  # before: explanation windows must cover the injection itself
         targets, detail = self._inject(fault, leader)
+        if not targets:  # a join with no spare slot, a drain that would never end
+            self.history.add("nemesis_skipped", n=fault.n, kind=fault.kind, variant=fault.variant, reason=detail)
+            return
         injected = time.time()  # after: recovery is timed from when the fault is fully in place
         if fault.kind == "clock":
             self._hold_clock(fault, targets)
         else:
             self.stop_event.wait(fault.hold_s)
         end = time.time()
-        if (fault.kind, fault.variant) == ("membership", "dead-and-replaced"):
-            for i in targets:  # declared dead: its data dir serves no more; a new machine joins in its place
-                self.cluster.wipe(i, joins=True)
+        if fault.kind == "membership":
+            detail += self._after_membership(fault.variant, targets, leader)
         self.heal()
         recovered = time.time() if self.cluster.wait_leader(LEADER_WAIT_S) is not None else None
         self.history.add("nemesis", n=fault.n, kind=fault.kind, variant=fault.variant, targets=targets,
@@ -140,12 +148,12 @@ class Nemesis:
                          leader_loss=(fault.kind, fault.variant) in LEADER_LOSS, detail=detail)
 
     def _inject(self, fault: Fault, leader: int | None) -> tuple[list[int], str]:
-        n = len(self.cluster.nodes)
-        others = [i for i in range(n) if i != leader]
+        active = [node.idx for node in self.cluster.active]
+        others = [i for i in active if i != leader]
         chosen = others[int(fault.pick * len(others))] if others else 0
         k, v = fault.kind, fault.variant
         if k == "kill":
-            targets = [leader] if v == "leader" else [chosen] if v == "follower" else list(range(n))
+            targets = [leader] if v == "leader" else [chosen] if v == "follower" else active
             for i in targets:
                 self.cluster.kill(i)
             return targets, f"kill -9 {targets}, restart after {fault.hold_s:.1f}s"
@@ -155,8 +163,17 @@ class Nemesis:
         if k == "partition":
             return self._partition(v, leader, chosen, fault.pick)
         if k == "clock":
-            node = int(fault.pick * n)
+            node = active[int(fault.pick * len(active))]
             return [node], f"{v} {fault.magnitude_s:+.1f}s"
+        if k == "membership" and v == "join":
+            joined = self.cluster.join_spare()
+            return ([joined], f"a new machine joins on slot {joined}") if joined is not None else \
+                ([], "no spare slot: nothing joined")
+        if k == "membership" and v == "remove":
+            if len(active) <= REPLICATION_FACTOR or leader is None:
+                return [], f"{len(active)} nodes: none can be drained"
+            accepted = self.cluster.drain(chosen, via=leader)
+            return [chosen], f"node {chosen} drained ({'accepted' if accepted else 'refused'})"
         if k == "membership":
             self.cluster.kill(chosen)
             if v == "dead-and-replaced":
@@ -171,18 +188,18 @@ class Nemesis:
         return self._worker_fault(v, fault.pick)
 
     def _partition(self, variant: str, leader: int, chosen: int, pick: float) -> tuple[list[int], str]:
-        n = len(self.cluster.nodes)
+        active = [node.idx for node in self.cluster.active]
         if variant in ("isolate-leader", "isolate-follower"):
             victim = leader if variant == "isolate-leader" else chosen
-            for j in range(n):
+            for j in active:
                 if j != victim:
                     self.net.cut(victim, j)
             return [victim], f"node {victim} cut from its peers; clients and workers still reach it"
         if variant == "bridge":
-            a, c = [i for i in range(n) if i != chosen][:2]
+            a, c = [i for i in active if i != chosen][:2]
             self.net.cut(a, c)
             return [a, c], f"{a} and {c} cut from each other; {chosen} sees both"
-        followers = [i for i in range(n) if i != leader]
+        followers = [i for i in active if i != leader]
         if pick < 0.5:  # followers stop hearing the leader, the leader still hears them
             for f in followers:
                 self.net.cut_one_way(leader, f)
@@ -190,6 +207,30 @@ class Nemesis:
         for f in followers:  # the leader stops hearing its followers (acks, votes)
             self.net.cut_one_way(f, leader)
         return [leader], f"one-way: {followers} -> {leader} dropped"
+
+    def _after_membership(self, variant: str, targets: list[int], leader: int | None) -> str:
+        """What a membership fault does at its end, before the heal; returns more detail."""
+        if variant == "dead-and-replaced":
+            # Declared dead: its data dir serves no more. A new machine joins in its place, on
+            # a spare slot's address when there is one (the dead slot becomes the spare).
+            joined = self.cluster.join_spare()
+            for i in targets:
+                if joined is None:
+                    self.cluster.wipe(i, joins=True)
+                else:
+                    self.cluster.retire(i)
+            return f"; replaced on slot {targets[0] if joined is None else joined}"
+        if variant == "remove" and targets and leader is not None:
+            node_id = self.cluster.node_id(targets[0])
+            deadline = time.monotonic() + REMOVE_WAIT_S
+            via = leader if targets[0] != leader else next(n.idx for n in self.cluster.active if n.idx != targets[0])
+            while node_id is not None and time.monotonic() < deadline and not self.stop_event.is_set():
+                if self.cluster.registry_state(node_id, via) == "removed":
+                    self.cluster.retire(targets[0])
+                    return "; removed, its machine retired"
+                time.sleep(0.5)
+            return "; not removed in time: left draining"
+        return ""
 
     def _worker_fault(self, variant: str, pick: float) -> tuple[list[int], str]:
         n = self.workers.n

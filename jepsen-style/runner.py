@@ -36,16 +36,17 @@ class Run:
     def __init__(self, args: argparse.Namespace, out: str, repo: str) -> None:
         self.args, self.out, self.repo = args, out, repo
         self.history = History(os.path.join(out, "history.jsonl"))
-        self.net = Net(args.nodes, args.workers)
-        self.cluster = Cluster(args.nodes, out, args.lease_s, self.history, repo)
+        self.net = Net(args.nodes + args.spare, args.workers)
+        self.cluster = Cluster(args.nodes, args.spare, args.groups, out, args.lease_s, self.history, repo)
         self.workers = workers_mod.WorkerPool(args.workers, out, self.cluster.urls, args.seed, args.lease_s,
                                               self.history, repo)
         self.workload = Workload(self.cluster.urls, self.history, args.seed, args.clients,
-                                 lambda i: self.cluster.nodes[i].incarnation)
+                                 lambda i: self.cluster.nodes[i].incarnation, args.groups)
         self.nemesis: nemesis.Nemesis | None = None
         self.monitor = Monitor(self.cluster, self.history)
         self.meta: dict[str, Any] = {"seed": args.seed, "duration_s": args.duration, "faults": args.faults,
-                                     "lease_s": args.lease_s, "out": out}
+                                     "lease_s": args.lease_s, "out": out, "nodes": args.nodes, "spare": args.spare,
+                                     "groups": args.groups}
         self._torn_down = False
 
     def log(self, msg: str) -> None:

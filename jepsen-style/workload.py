@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from schedulerd.storage.keys import shard_of
+
 import wire
 from history import History
 
@@ -38,8 +40,9 @@ def job_body(schedule: dict[str, Any], key: str, **extra: Any) -> dict[str, Any]
 
 class Workload:
     def __init__(self, urls: list[str], history: History, seed: int, threads: int,
-                 incarnation: Callable[[int], int]) -> None:
+                 incarnation: Callable[[int], int], groups: int) -> None:
         self.urls, self.history, self.seed, self.threads = urls, history, seed, threads
+        self.groups = groups
         self.incarnation = incarnation  # node index -> restart counter (see cancel())
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -106,7 +109,7 @@ class Workload:
                              status=reply.status, error=reply.error, outcome=reply.outcome)
             if reply.outcome == wire.OK:
                 return self.history.add("cancel", job_id=job_id, result="ok", node=node, ack=reply.done,
-                                        applied_hi=self._applied_after(node, before))
+                                        applied_hi=self._applied_after(node, before, job_id))
             if reply.status is not None and 400 <= reply.status < 500:
                 break
             time.sleep(0.3 * (attempt + 1))
@@ -115,11 +118,15 @@ class Workload:
                                 node=node, ack=None, applied_hi=None,
                                 status=reply.status if reply else None)
 
-    def _applied_after(self, node: int, incarnation: int) -> int | None:
+    def _applied_after(self, node: int, incarnation: int, job_id: str) -> int | None:
+        """The answering node's last_applied in the job's group (its own index space), or
+        None when the node holds no replica of that group (it forwarded the cancel)."""
         reply = wire.request("GET", self.urls[node] + "/v1/cluster", timeout_s=3.0)
-        if reply.status != 200 or self.incarnation(node) != incarnation or not reply.body.get("groups"):
-            return None  # no replica on the node yet (a new one waits for the placement)
-        return int(reply.body["groups"][0]["last_applied"])
+        if reply.status != 200 or self.incarnation(node) != incarnation:
+            return None
+        group = shard_of(job_id) % self.groups
+        held = [g for g in reply.body.get("groups") or [] if g.get("group") == group]
+        return int(held[0]["last_applied"]) if held else None
 
     # -- threads ----------------------------------------------------------
 

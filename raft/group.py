@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.node import TCPNode
 
-from schedulerd.raft import compaction, journal, membership, proposals, pysyncobj_patches, riders, snapshot
+from schedulerd.raft import compaction, group_files, journal, membership, proposals, pysyncobj_patches, riders, snapshot
 from schedulerd.raft.clocks import PeerClocks
 from schedulerd.raft.conf import RaftConfig
 from schedulerd.raft.entry_versions import EntryVersions
@@ -104,9 +104,11 @@ class Group:
         journal_path = base + ".journal"
         # Entries the snapshot covers are skipped as the journal loads (raft/journal.py).
         keep_from = snapshot.first_needed_index(base + ".snapshot")
+        fresh = group_id not in group_files.held(conf.data_dir)
+        first = membership.first_members(base + ".members", {self.self_addr, *(configured if peers is None else peers)},
+                                         fresh)
         log_journal = journal.DurableJournal(journal_path, keep_from)
         journal.install(lambda path: log_journal)
-        first = {self.self_addr, *(configured if peers is None else peers)}
         in_snapshot, snapshot_index = snapshot.members_at(base + ".snapshot")
         members = membership.members_in_log(in_snapshot or first, snapshot_index, log_journal[:])
         self.peers = sorted(members - {self.self_addr})

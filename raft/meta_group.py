@@ -82,9 +82,11 @@ class MetaGroup:
         self._lock = threading.Lock()  # the tick thread applies while the API reads
         os.makedirs(conf.data_dir, exist_ok=True)
         journal_path = os.path.join(conf.data_dir, "meta.journal")
+        first = membership.first_members(os.path.join(conf.data_dir, "meta.members"), first_members,
+                                         not os.path.exists(journal_path))
         log_journal = journal.DurableJournal(journal_path)
         journal.install(lambda path: log_journal)
-        members = membership.members_in_log(first_members, 0, log_journal[:])
+        members = membership.members_in_log(first, 0, log_journal[:])
         self.voter = self_addr in members if voter is None else voter
         self._member_since: dict[str, float] = {}  # when each member was added, as this replica saw it
         self._watched_since: dict[str, float] = {}  # on the leader: when it was first asked about each observer

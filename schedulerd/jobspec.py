@@ -26,6 +26,9 @@ _UNIT_US = {"ms": 1_000, "s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d
 EVERY_US_MIN = US_PER_S
 EVERY_US_MAX = 366 * 86_400 * US_PER_S
 IDEMPOTENCY_KEY_CHARS_MAX = 256
+# The namespace of the job ids made from idempotency keys (uuid5): fixed, so every node
+# and every build makes the same id from the same key.
+_KEYED_IDS = uuid.UUID("6f0c2d1e-5b1a-4c47-9a52-2f3d8e0b7c11")
 TTL_S_MAX = 10 * 366 * 86_400  # ten years; 0 keeps forever
 
 RETENTION_FIELDS = {"finished_ttl_s", "history_ttl_s", "keep_dead_letters"}
@@ -89,19 +92,23 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
     _only(raw, CREATE_FIELDS, "job")
     if "schedule" not in raw:
         raise InvalidJob("schedule is required")
-    job_id = uuid.uuid4().hex if raw.get("job_id") is None else raw["job_id"]
-    if not isinstance(job_id, str) or not ID_RE.match(job_id):
-        raise InvalidJob("job_id must be 1-128 characters of A-Z a-z 0-9 _ . -")
-    spec = {"job_id": job_id, **parse_options(raw, now_us, limits)}
-    check_together(spec)
     in_body = raw.get("idempotency_key")
     if idempotency_key is not None and in_body is not None and in_body != idempotency_key:
         raise InvalidJob(f"the Idempotency-Key header ({idempotency_key!r}) and the body's idempotency_key "
                          f"({in_body!r}) differ: send one key, in either place")
     key = idempotency_key if idempotency_key is not None else in_body
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_CHARS_MAX):
+        raise InvalidJob(f"idempotency key must be 1..{IDEMPOTENCY_KEY_CHARS_MAX} characters")
+    job_id = raw.get("job_id")
+    if job_id is None:
+        # A key's keeper is the group of the job it made: every retry of a key without a
+        # job_id must name the same job, or a retry landing in another group makes a second.
+        job_id = uuid.uuid4().hex if key is None else uuid.uuid5(_KEYED_IDS, key).hex
+    if not isinstance(job_id, str) or not ID_RE.match(job_id):
+        raise InvalidJob("job_id must be 1-128 characters of A-Z a-z 0-9 _ . -")
+    spec = {"job_id": job_id, **parse_options(raw, now_us, limits)}
+    check_together(spec)
     if key is not None:
-        if not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_CHARS_MAX:
-            raise InvalidJob(f"idempotency key must be 1..{IDEMPOTENCY_KEY_CHARS_MAX} characters")
         body = {k: v for k, v in raw.items() if k != "idempotency_key"}
         spec["idempotency_key"] = key
         spec["request_hash"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

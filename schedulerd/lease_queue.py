@@ -10,11 +10,12 @@ leader's polls' to take, and an entry racing them would lease nothing."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from schedulerd import views
 from schedulerd.coalescer import Coalescer
-from schedulerd.errors import TooManyRequests
+from schedulerd.errors import TooManyRequests, Unavailable
 from schedulerd.node import Node
 from schedulerd.raft.group import Group
 from schedulerd.storage import queries
@@ -26,6 +27,8 @@ from schedulerd.units import US_PER_S
 # each fsynced by every node, leased nothing. Runs that wait longer (no poll free on
 # the leader, a backlog) are asked for by any node.
 FOLLOWER_DEFER_US = 20_000
+
+log = logging.getLogger("schedulerd.leases")
 
 class LeaseQueue:
     def __init__(self, node: Node) -> None:
@@ -94,12 +97,23 @@ class LeaseQueue:
         return now if group.is_leader() else now - FOLLOWER_DEFER_US
 
     async def _lease_once(self, worker_id: str, queues: list[str], max_tasks: int) -> list[views.TaskView]:
+        """Lease from each group this node may lease from in turn. A group that commits no
+        grant (no leader, a timeout) does not fail the poll once another group granted
+        runs: failing it would strand those, leased to a worker that never hears of them,
+        until their lease ran out. With nothing granted, the first failure is the answer."""
         tasks: list[views.TaskView] = []
+        failed: Unavailable | None = None
         for group in self._leasable():
             want = max_tasks - len(tasks)
             if want <= 0:
                 break
-            tasks.extend(await self._lease_from(group, worker_id, queues, want))
+            try:
+                tasks.extend(await self._lease_from(group, worker_id, queues, want))
+            except Unavailable as exc:  # OutcomeUnknown too: a grant that may have committed is lost either way
+                log.warning("lease_failed group=%d error=%s", group.group_id, exc)
+                failed = failed or exc
+        if failed is not None and not tasks:
+            raise failed
         return tasks
 
     async def _lease_from(self, group: Group, worker_id: str, queues: list[str], want: int) -> list[views.TaskView]:

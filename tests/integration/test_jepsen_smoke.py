@@ -3,7 +3,8 @@ cluster in network namespaces under kill -9, SIGSTOP and partitions, with the
 fixed seeds. The harness exits 0 only when every safety checker passed; on
 top of that the figures must show each fault kind happened and jobs ran.
 
-Seed 1 is the classic smoke (kill, pause, partition). Seed 3 runs every fault
+Seed 1 is the classic smoke (kill, pause, partition) with a machine joining the
+cluster on a spare slot (one membership change). Seed 3 runs every fault
 kind, and its plan isolates a leader that keeps taking writes: it found the
 pysyncobj catch-up livelock (a former leader that never converged). Seed 5
 fills the leader's data dir (a small tmpfs): writes there get 503 and the node
@@ -24,10 +25,12 @@ pytestmark = pytest.mark.integration
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUN = ROOT / "jepsen-style" / "run"
-SMOKES = {  # seed: (duration_s, fault kinds)
-    1: (60, ("kill", "pause", "partition")),
-    3: (90, ("kill", "pause", "partition", "clock", "worker")),
-    5: (60, ("disk", "kill", "partition")),  # fills the leader's data dir: it must hand over
+SMOKES = {  # seed: (duration_s, fault kinds, more arguments)
+    # a fourth machine joins a 3-node, 2-group cluster: it follows the metadata group as an
+    # observer and is given a replica, between a kill, a partition and a pause
+    1: (60, ("kill", "pause", "partition", "membership"), ("--spare", "1", "--groups", "2")),
+    3: (90, ("kill", "pause", "partition", "clock", "worker"), ()),
+    5: (60, ("disk", "kill", "partition"), ()),  # fills the leader's data dir: it must hand over
 }
 # The run itself takes about 100 s; the rest is room for a loaded 2-core box and for
 # waiting on another harness run that holds the machine-wide lock.
@@ -49,9 +52,10 @@ def _unavailable() -> str | None:
     return None
 
 
-def _run(out: pathlib.Path, seed: int, duration_s: int, faults: tuple[str, ...]) -> tuple[int, str]:
+def _run(out: pathlib.Path, seed: int, duration_s: int, faults: tuple[str, ...],
+         more: tuple[str, ...]) -> tuple[int, str]:
     args = [sys.executable, str(RUN), "--duration", str(duration_s), "--seed", str(seed), "--faults", ",".join(faults),
-            "--out", str(out), "--lock-wait", str(LOCK_WAIT_S)]
+            "--out", str(out), "--lock-wait", str(LOCK_WAIT_S), *more]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
@@ -72,9 +76,9 @@ def test_jepsen_smoke(tmp_path: pathlib.Path, seed: int) -> None:
     reason = _unavailable()
     if reason is not None:
         pytest.skip(reason)
-    duration_s, faults = SMOKES[seed]
+    duration_s, faults, more = SMOKES[seed]
     out = tmp_path / "jepsen"
-    rc, output = _run(out, seed, duration_s, faults)
+    rc, output = _run(out, seed, duration_s, faults, more)
     assert rc == 0, f"jepsen-style/run exited {rc} (1 = safety violation, 2 = harness error):\n{output[-8000:]}"
     figures = json.loads((out / "figures.json").read_text())
     for kind in faults:

@@ -87,3 +87,38 @@ def test_a_group_grows_loses_a_follower_and_restarts_with_the_members_its_log_ha
     finally:
         for g in groups.values():
             g.destroy()
+
+
+def test_a_member_added_through_the_log_restarts_with_the_groups_members_not_alone(
+        tmp_path: pathlib.Path, loop: asyncio.AbstractEventLoop) -> None:
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(4)]
+    first = addrs[:3]
+
+    def start(i: int, peers: list[str] | None) -> Group:
+        # A node that joined with --join names no peers: the placement gives a new replica its
+        # members, and a restart starts it from its data dir alone (peers None), as node.py does.
+        named = tuple(a for a in first if a != addrs[i]) if i < 3 else ()
+        cfg = RaftConfig(self_addr=addrs[i], peers=named, data_dir=str(tmp_path / f"n{i}"), **FAST)
+        return Group(0, cfg, on_fatal=pytest.fail, peers=peers, joining=i == 3)
+
+    groups = {i: start(i, None) for i in range(3)}
+    try:
+        wait_until(lambda: any(g.is_leader() for g in groups.values()), 15, "a leader")
+        leader = next(g for g in groups.values() if g.is_leader())
+        for i in range(5):
+            propose(leader, loop, create_blob(f"j{i}"))
+        groups[3] = start(3, first)
+        loop.run_until_complete(asyncio.wait_for(leader.change_members("add", addrs[3], loop), 10))
+        wait_until(lambda: job_count(groups[3]) == 5, 20, "the new member to catch up through the log")
+        assert groups[3].status()["journal_entries"] > 5  # the log, not a snapshot
+
+        groups[3].destroy()
+        groups[3] = start(3, None)
+        assert groups[3].members() == sorted(addrs)
+        time.sleep(3 * FAST["election_timeout_s_max"])  # a group of one would have elected itself by now
+        assert not groups[3].is_leader() and leader.is_leader()
+        propose(leader, loop, create_blob("j5"))
+        wait_until(lambda: job_count(groups[3]) == 6, 20, "the restarted member to follow the leader")
+    finally:
+        for g in groups.values():
+            g.destroy()

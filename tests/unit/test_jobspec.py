@@ -84,3 +84,14 @@ def test_one_idempotency_key_per_request() -> None:
     assert parse_job(job, NOW, Limits(), idempotency_key="from-body")["idempotency_key"] == "from-body"
     assert parse_job({"schedule": {"every": "1h"}}, NOW, Limits(), idempotency_key="k")["idempotency_key"] == "k"
     assert parse_job(job, NOW, Limits())["idempotency_key"] == "from-body"
+
+
+def test_a_key_without_a_job_id_names_the_same_job_on_every_retry() -> None:
+    """The key is kept in the group of the job it made: a retry that made another id could
+    land in another group and create a second job (the membership nemesis, 3 groups)."""
+    job = {"schedule": {"every": "1h"}}
+    first = parse_job(job, NOW, Limits(), idempotency_key="k-1")["job_id"]
+    assert parse_job(dict(job, idempotency_key="k-1"), NOW, Limits())["job_id"] == first
+    assert parse_job(job, NOW, Limits(), idempotency_key="k-2")["job_id"] != first
+    assert parse_job(dict(job, job_id="mine"), NOW, Limits(), idempotency_key="k-1")["job_id"] == "mine"
+    assert parse_job(job, NOW, Limits())["job_id"] != parse_job(job, NOW, Limits())["job_id"]

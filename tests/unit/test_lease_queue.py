@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import pytest
 
 from schedulerd.config import NodeConfig
+from schedulerd.errors import Unavailable
 from schedulerd.lease_queue import FOLLOWER_DEFER_US, LeaseQueue
 from schedulerd.raft.conf import RaftConfig
 from schedulerd.storage.ops import Op
@@ -102,3 +103,35 @@ def test_a_follower_poll_wakes_when_its_defer_ends(ready_run: Driver) -> None:
         group = FakeGroup(ready_run, leader)
         queue = LeaseQueue(FakeNode(group))  # type: ignore[arg-type]
         assert queue._until_next_ready(["q"]) == pytest.approx(wakes_in_s + 0.001)
+
+
+class TwoGroupNode(FakeNode):
+    """Group 0 grants through its store; group 1 has no leader to commit anything."""
+
+    def __init__(self, granting: FakeGroup, failing: FakeGroup, driver: Driver) -> None:
+        super().__init__(granting)
+        self.groups = [granting, failing]
+        self.driver = driver
+
+    async def propose(self, group: FakeGroup, op: Op, payload: dict[str, Any]) -> dict[str, Any]:
+        if group.group_id == 1:
+            raise Unavailable("LEASE_READY not committed: no leader")
+        return self.driver.apply(op, **payload)
+
+
+def test_runs_granted_by_one_group_are_delivered_when_another_group_fails(ready_run: Driver,
+                                                                          tmp_path: pathlib.Path) -> None:
+    """A grant committed and then lost with the poll's 503 would keep its runs from every
+    worker until the lease ran out (a 30 s tail of lateness while leaders moved)."""
+    other = Driver(str(tmp_path / "other"), group=1)
+    other.create("j2", {"kind": "at", "at_us": T0}, now=T0 - 5 * S)
+    assert other.claim_due(T0)
+    granting, failing = FakeGroup(ready_run, leader=True), FakeGroup(other, leader=True)
+    failing.group_id = 1
+    node = TwoGroupNode(granting, failing, ready_run)
+    tasks = asyncio.run(LeaseQueue(node)._lease_once("w1", ["q"], 10))  # type: ignore[arg-type]
+    assert [view["job_id"] for view, _payload in tasks] == ["j1"]
+
+    node.groups = [failing]
+    with pytest.raises(Unavailable, match="no leader"):
+        asyncio.run(LeaseQueue(node)._lease_once("w1", ["q"], 10))  # type: ignore[arg-type]
