@@ -104,6 +104,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--join-after", type=float, default=10.0, help="seconds after the first due time")
     s.add_argument("--cost", action="store_true",
                    help="instead: the same load on 3 nodes x G groups and 6 nodes x 2G, CPU per node per job")
+    s.add_argument("--heal", action="store_true",
+                   help="instead: 5 nodes hold --live jobs, one is killed for good --kill-after s into the run")
+    s.add_argument("--live", type=int, default=1_000_000, help="--heal: far-future jobs created first")
+    s.add_argument("--kill-after", type=float, default=15.0, help="--heal: seconds after the first due time")
+    s.add_argument("--dead-after", type=float, default=20.0, help="--heal: the nodes' --dead-node-timeout (s)")
     s.add_argument("--lead-s", type=float, default=5.0)
     s.add_argument("--drain-s", type=float, default=60.0)
 
@@ -145,6 +150,9 @@ def run(a: argparse.Namespace, opts: Options) -> scenarios.Report:
                                                a.drain_s, a.side_by_side)
     if a.scenario == "scale":
         return sd_scenarios.scale(opts, a.live, a.baseline_live, a.rate, a.duration, a.lead_s, a.drain_s)
+    if a.scenario == "topology" and a.heal:
+        return topology.heal(opts, a.live, a.rate, a.duration, a.groups, a.kill_after, a.dead_after, a.lead_s,
+                             a.drain_s)
     if a.scenario == "topology" and a.cost:
         return topology.cost(opts, a.rate, a.duration, a.groups, a.lead_s, a.drain_s)
     if a.scenario == "topology":

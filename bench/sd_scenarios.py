@@ -28,7 +28,7 @@ CATCH_UP_S_MAX = 900.0
 _SNAPSHOT = re.compile(r"^(\S+ \S+) .*(snapshot_written|snapshot_restored).*?(bytes=\d+)?$")
 
 
-def _fill(system: SdSystem, prefix: str, start: int, stop: int, in_flight: int) -> dict[str, Any]:
+def fill(system: SdSystem, prefix: str, start: int, stop: int, in_flight: int) -> dict[str, Any]:
     far = iso_us(time.time() + FAR_FUTURE_S)
     t0, created, failed = time.monotonic(), 0, 0
     for lo in range(start, stop, FILL_CHUNK):
@@ -127,13 +127,13 @@ def scale(opts: Options, live: int, baseline_live: int, rate: float, duration_s:
     report.raw["uptime"] = [f"before: {uptime_line()}"]
     try:
         system.setup()
-        fill_small = _fill(system, "lv", 0, baseline_live, opts.in_flight)
+        fill_small = fill(system, "lv", 0, baseline_live, opts.in_flight)
         sync_small = _settled(system)
         windows = [time.time()]
         s_small, i_small = steady_once(system, rate, duration_s, lead_s, drain_s, "sa")
         windows.append(time.time())
         mem_small = system.cluster.rss_and_disk()
-        fill_big = _fill(system, "lv", baseline_live, live, opts.in_flight)
+        fill_big = fill(system, "lv", baseline_live, live, opts.in_flight)
         report.raw["uptime"].append(f"after fill: {uptime_line()}")
         sync_big = _settled(system)
         report.raw["uptime"].append(f"compactions done: {uptime_line()}")
@@ -211,7 +211,7 @@ def scale_side_by_side(opts: Options, live: int, baseline_live: int, rate: float
     try:
         for name, system, count in zip(names, systems, (baseline_live, live)):
             system.setup()
-            fills[name] = _fill(system, "lv", 0, count, opts.in_flight)
+            fills[name] = fill(system, "lv", 0, count, opts.in_flight)
         report.raw["uptime"].append(f"after fills: {uptime_line()}")
         for name, system in zip(names, systems):
             syncs[name] = _settled(system)

@@ -70,6 +70,10 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
             "return [...document.querySelectorAll('#nodes tr[data-node-id]')].map(r => r.dataset.state)")
             == ["alive"] * 3, 15, "the three nodes, alive, in the nodes table")
         assert browser.run_js("return document.getElementById('health').textContent") == "ready"
+        members = browser.run_js(
+            "return [...document.querySelectorAll('#data-groups tr[data-group] td')].map(td => td.textContent)")
+        assert members[0] == "0" and len(members[1].split(", ")) == 3, members  # group 0 on the three nodes
+        assert "voters" in browser.run_js("return document.getElementById('meta').textContent")
 
         browser.click('#jobs tr[data-job-id="nightly-report"]')
         wait_until(lambda: browser.run_js(
