@@ -95,6 +95,7 @@ class Group:
         self._on_applied = on_applied
         self._on_fatal = on_fatal
         self._after_commit: list[Callable[[], None]] = []
+        self._pending: set[asyncio.Future[Any]] = set()  # proposals not answered yet
         self._failed: str | None = None
         self._destroyed = False
         os.makedirs(conf.data_dir, exist_ok=True)
@@ -270,6 +271,8 @@ class Group:
         # Success is only ever reported by the tick thread, right after the apply; the list
         # is looked up then, as each tick's commit takes it and starts a new one.
         fut, done = proposals.callback(loop, defer=lambda post: self._after_commit.append(post))
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
         self.replica.apply_entry(blob, callback=done)
         return fut
 
@@ -328,3 +331,14 @@ class Group:
         self.replica.destroy_synchronous()
         self._snapshots.abandon()
         self.store.close()
+        # pysyncobj drops the callbacks of what it had not applied: their callers would wait
+        # out the propose timeout for an answer that cannot come from here any more.
+        for fut in list(self._pending):
+            if not fut.get_loop().is_closed():
+                fut.get_loop().call_soon_threadsafe(_fail_stopped, fut)
+
+
+def _fail_stopped(fut: "asyncio.Future[Any]") -> None:
+    if not fut.done():
+        fut.set_exception(ProposalFailed("this node's replica of the group stopped before it applied the entry",
+                                         maybe_applied=True))

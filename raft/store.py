@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -78,8 +79,18 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[lmdb.Transaction]:
-        with self._lock, self.env.begin() as txn:
-            yield txn
+        """A read txn, handed out as a weak proxy. py-lmdb keeps a txn's reader slot until
+        the Transaction object itself is freed, ended or not: a caller's frame kept alive
+        by an exception (a traceback in a failed future, a cycle waiting for the collector)
+        held its txn's slot, and polls failing by the hundred while a group had no leader
+        used up all 126 (MDB_READERS_FULL). Only this frame holds the txn itself."""
+        with self._lock:
+            txn = self.env.begin()
+            try:
+                yield weakref.proxy(txn)
+            finally:
+                txn.abort()
+                del txn
 
     def apply_txn(self) -> lmdb.Transaction:
         """The write txn this tick's entries apply in, opened on first use (Raft tick thread only)."""

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("schedulerd.topology")
 
 WAIT_STEP_S = 0.2
+# A live member being taken out stops asking its group for leases once it sees the change
+# begun; the grants it asked for just before must still commit and reach it, or their runs
+# wait out a whole lease with no worker told of them. The removal waits this long after
+# the change began.
+REMOVE_GRACE_S = 1.5
 # A leader hands its group to the preferred member only after leading it this long (an
 # election just happened; let the group settle), and asks again no sooner than this.
 LEADER_SETTLE_S = 5.0
@@ -57,15 +62,18 @@ class GroupChanges:
             task = self._tasks.get(int(key))
             if group is None or not group.is_leader() or (task is not None and not task.done()):
                 continue
-            address = group_addr(view["nodes"][change["node_id"]]["raft"], group.group_id)
-            self._tasks[int(key)] = asyncio.get_running_loop().create_task(self._carry_out(group, key, change, address))
+            node = view["nodes"][change["node_id"]]
+            address = group_addr(node["raft"], group.group_id)
+            live = node["state"] not in ("dead", "removed")
+            self._tasks[int(key)] = asyncio.get_running_loop().create_task(
+                self._carry_out(group, key, change, address, live))
         self._balance_leaders(view)
 
     def stop(self) -> None:
         for task in self._tasks.values():
             task.cancel()
 
-    async def _carry_out(self, group: Group, key: str, change: dict[str, Any], address: str) -> None:
+    async def _carry_out(self, group: Group, key: str, change: dict[str, Any], address: str, live: bool) -> None:
         kind = change["kind"]
         try:
             if kind == "remove" and address == group.self_addr:
@@ -74,6 +82,8 @@ class GroupChanges:
             if (address in group.members()) == (kind == "add"):
                 await self._settled(group)  # carried out already: only its commit is waited on
             else:
+                if kind == "remove" and live:
+                    await asyncio.sleep(max(0.0, (change["started_us"] - self.node.now_us()) / 1e6 + REMOVE_GRACE_S))
                 await asyncio.wait_for(group.change_members(kind, address, asyncio.get_running_loop()),
                                        self.node.config.propose_timeout_s)
             done = kind == "remove" or await self._caught_up(group, address)

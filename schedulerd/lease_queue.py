@@ -107,6 +107,8 @@ class LeaseQueue:
             want = max_tasks - len(tasks)
             if want <= 0:
                 break
+            if group.group_id in self.node.leaving or self.node.local_group(group.group_id) is not group:
+                continue  # dropped, or about to be, while this poll waited on another group
             try:
                 tasks.extend(await self._lease_from(group, worker_id, queues, want))
             except Unavailable as exc:  # OutcomeUnknown too: a grant that may have committed is lost either way

@@ -518,3 +518,25 @@ def test_raft_pickles_at_protocol_5_and_replays_a_journal_written_at_protocol_2(
         assert job_count(group) == 6
     finally:
         group.destroy()
+
+
+def test_a_proposal_pending_when_the_replica_stops_fails_at_once(tmp_path: pathlib.Path, loop) -> None:
+    """A node that drops its replica (the placement moved it) must not leave a caller waiting
+    out the propose timeout: a poll waiting on a grant held its worker's slots for 5 s."""
+    groups = three_groups(tmp_path)
+    try:
+        wait_until(lambda: any(g.is_leader() for g in groups), 15, "a leader")
+        leader = next(g for g in groups if g.is_leader())
+        for g in groups:
+            if g is not leader:
+                g.destroy()
+        fut = leader.propose(create_blob("j-pending"), loop)  # appended, never committed: no quorum
+        loop.run_until_complete(asyncio.sleep(0.3))
+        assert not fut.done()
+        leader.destroy()
+        with pytest.raises(ProposalFailed, match="stopped before it applied") as failed:
+            loop.run_until_complete(asyncio.wait_for(fut, 2))
+        assert failed.value.maybe_applied
+    finally:
+        for g in groups:
+            g.destroy()

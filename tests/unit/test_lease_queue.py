@@ -51,6 +51,9 @@ class FakeNode:
     def now_us(self) -> int:
         return self.groups[0].clocks.now_us
 
+    def local_group(self, group_id: int) -> FakeGroup | None:
+        return next((g for g in self.groups if g.group_id == group_id), None)
+
     @contextlib.contextmanager
     def read(self, group: FakeGroup) -> Iterator[tuple[Any, Any]]:
         with group.store.read() as txn:
