@@ -133,12 +133,17 @@ class GroupChanges:
         group.request_step_down(best)
 
     def _balance_leaders(self, view: dict[str, Any]) -> None:
-        """Hand a group led here to its preferred member while this node leads more groups
-        than it may: its preferred count when there are at least as many groups as nodes
-        (then every node ends with exactly its count, within one of the others), one when
-        there are fewer (any spread of at most one each is within one)."""
+        """Once the replicas are balanced and no change is under way, hand a group led here to
+        its preferred member while this node leads more groups than it may: its preferred
+        count when there are at least as many groups as nodes (then every node ends with
+        exactly its count, within one of the others), one when there are fewer (any spread
+        of at most one each is within one)."""
         states = meta.node_states(view)
-        preferred = placement.preferred_leaders(meta.data_placement(view), states)
+        data = meta.data_placement(view)
+        if any(key != meta.META for key in view["changes"]) \
+                or not placement.is_balanced(states, data, view["cluster"]["replication_factor"]):
+            return  # leaders are evened once the replicas are: each move would undo a handover
+        preferred = placement.preferred_leaders(data, states)
         takers = sum(1 for state in states.values() if state == "alive")
         allowed = sum(1 for n in preferred.values() if n == self.node_id) if len(preferred) >= takers else 1
         now = time.monotonic()

@@ -120,9 +120,11 @@ class Topology:
     def _keep_meta_role(self, view: dict[str, Any]) -> bool:
         """Run this node's metadata replica as a voter or an observer, as the placement says
         (storage/meta_voters.py); True when it was just switched (its new replica replays
-        the log before its view is whole again). A leader hands over before it stops voting."""
+        the log before its view is whole again). Only a current view is acted on: one
+        replayed halfway would switch a node just promoted straight back. A leader hands
+        over before it stops voting."""
         wants = meta_voters.votes(view, self.node_id)
-        if wants is None or wants == self.meta.voter or self.meta.is_leader():
+        if wants is None or wants == self.meta.voter or self.meta.is_leader() or not self.meta.is_current():
             return False
         log.info("meta_role_switch node_id=%s to=%s", self.node_id, "voter" if wants else "observer")
         old = self.meta
