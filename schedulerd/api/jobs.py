@@ -207,7 +207,10 @@ async def create_batch(request: web.Request) -> web.Response:
     by_group: dict[int, list[int]] = {}
     for position, spec in enumerate(specs):
         by_group.setdefault(node.group_id_of_job(spec["job_id"]), []).append(position)
-    here = [p for g, positions in by_group.items() if node.local_group(g) is not None for p in positions]
+    # Decided once: a replica started or dropped while this node's share commits must not
+    # leave a position answered by neither side.
+    held = {g for g in by_group if node.local_group(g) is not None}
+    here = [p for g, positions in by_group.items() if g in held for p in positions]
     if here:  # the shares sent on are audited where they are written
         specs[here[0]]["audit"] = audit_note(request, f"create {len(here)} jobs ({specs[here[0]]['job_id']}, ...)",
                                              count=len(here))
@@ -215,7 +218,7 @@ async def create_batch(request: web.Request) -> web.Response:
     for position, r in zip(here, await _create(node, creates, [specs[p] for p in here])):
         answered[position] = item(r)
     for group_id, positions in by_group.items():
-        if node.local_group(group_id) is None:  # this share goes to a node that holds the group
+        if group_id not in held:  # this share goes to a node that holds the group
             share = await forward.send_json(request, group_id, request.path_qs, {"jobs": [raw[p] for p in positions]})
             for position, r in zip(positions, share["results"]):
                 answered[position] = r
