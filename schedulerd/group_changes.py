@@ -64,7 +64,7 @@ class GroupChanges:
                 continue
             node = view["nodes"][change["node_id"]]
             address = group_addr(node["raft"], group.group_id)
-            live = node["state"] not in ("dead", "removed")
+            live = node["state"] in placement.SERVES
             self._tasks[int(key)] = asyncio.get_running_loop().create_task(
                 self._carry_out(group, key, change, address, live))
         self._balance_leaders(view)

@@ -86,9 +86,12 @@ class LeaseQueue:
         return best + 0.001 if best != float("inf") else 3600.0
 
     def _leasable(self) -> list[Group]:
-        """This node's groups it may lease from: not those it is about to leave."""
-        leaving = self.node.leaving
-        return [g for g in self.node.groups if g.group_id not in leaving]
+        return [g for g in self.node.groups if self._may_lease(g)]
+
+    def _may_lease(self, group: Group) -> bool:
+        """Whether this node may lease from its replica `group`: still held, and not about to
+        be left (asked again after each wait: a replica goes while a poll waits on another)."""
+        return group.group_id not in self.node.leaving and self.node.local_group(group.group_id) is group
 
     def _asks_before_us(self, group: Group) -> int:
         """This node asks to lease runs available before this time: now, as the leader
@@ -107,12 +110,13 @@ class LeaseQueue:
             want = max_tasks - len(tasks)
             if want <= 0:
                 break
-            if group.group_id in self.node.leaving or self.node.local_group(group.group_id) is not group:
-                continue  # dropped, or about to be, while this poll waited on another group
+            if not self._may_lease(group):
+                continue
             try:
                 tasks.extend(await self._lease_from(group, worker_id, queues, want))
             except Unavailable as exc:  # OutcomeUnknown too: a grant that may have committed is lost either way
-                log.warning("lease_failed group=%d error=%s", group.group_id, exc)
+                # Debug: while a group has no leader every poll here fails on it, hundreds a second.
+                log.debug("lease_failed group=%d error=%s", group.group_id, exc)
                 failed = failed or exc
         if failed is not None and not tasks:
             raise failed

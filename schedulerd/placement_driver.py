@@ -89,8 +89,9 @@ class PlacementDriver:
                      change.node_id, change.reason, "" if result["ok"] else result["error"])
 
     async def _retire_drained(self, view: dict[str, Any]) -> None:
-        """A draining node that holds no data replica any more is removed; while it is still a
-        member of the metadata group, so it hears so itself, and then it leaves that too."""
+        """A draining node that holds no data replica any more is removed. It still follows
+        the metadata log (as a voter or an observer), so it hears so itself; a voter then
+        loses its vote (storage/meta_voters.py)."""
         held = {m for members in meta.data_placement(view).values() for m in members}
         for node_id, node in sorted(view["nodes"].items()):
             if node["state"] == "draining" and node_id not in held:

@@ -17,7 +17,7 @@ from schedulerd.placement_driver import PlacementDriver
 from schedulerd.raft.conf import group_addr
 from schedulerd.raft.meta_group import MetaGroup
 from schedulerd.raft.proposals import ProposalFailed
-from schedulerd.storage import meta, meta_voters
+from schedulerd.storage import meta, meta_voters, placement
 
 if TYPE_CHECKING:
     from schedulerd.node import Node
@@ -29,7 +29,6 @@ log = logging.getLogger("schedulerd.topology")
 REFUSED_RETRY_S = 60.0
 # A metadata replica with no leader for this long asks the other nodes whether it is still in the cluster.
 STANDING_AFTER_S = 5.0
-_SERVES = frozenset({"alive", "suspect", "draining"})
 
 
 class Topology:
@@ -238,7 +237,7 @@ class Topology:
         """On the metadata leader: seconds each other voter, and each node that serves as an
         observer, has been silent, by node id."""
         by_meta_addr = {group_addr(n["raft"], self.config.raft.groups): node_id for node_id, n in view["nodes"].items()}
-        serving = [a for a, node_id in by_meta_addr.items() if view["nodes"][node_id]["state"] in _SERVES]
+        serving = [a for a, node_id in by_meta_addr.items() if view["nodes"][node_id]["state"] in placement.SERVES]
         return {by_meta_addr[a]: s for a, s in self.meta.silence_s(serving).items() if a in by_meta_addr}
 
     def figures(self, leaders: dict[int, str | None]) -> dict[str, Any]:

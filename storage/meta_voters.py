@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, Mapping, Sequence
 
-from schedulerd.storage.placement import NodeState
+from schedulerd.storage.placement import GONE, SERVES, NodeState
 
-# Counted towards the target: a suspect node may be back in a moment, and a draining one
-# keeps its vote until it is removed, unless a node can take its place.
-_SERVES = frozenset({"alive", "suspect", "draining"})
+# Every node that serves counts towards the target: a suspect node may be back in a
+# moment, and a draining one keeps its vote until it is removed, unless a node can take
+# its place (it does not stay).
 _STAYS = frozenset({"alive", "suspect"})
-_GONE = frozenset({"dead", "removed"})
 
 VoterChange = tuple[Literal["add", "remove"], str, str]  # kind, node id, reason
 
@@ -32,7 +31,7 @@ def target(nodes: Mapping[str, NodeState], meta_replicas: int) -> int:
     """How many voters the metadata group should have with these nodes: `meta_replicas`
     when there are that many, else the largest odd number of nodes there are (one or
     two nodes: all of them)."""
-    counted = sum(1 for state in nodes.values() if state in _SERVES)
+    counted = sum(1 for state in nodes.values() if state in SERVES)
     size = min(meta_replicas, counted)
     return size if size < 3 or size % 2 == 1 else size - 1
 
@@ -40,10 +39,10 @@ def target(nodes: Mapping[str, NodeState], meta_replicas: int) -> int:
 def next_change(nodes: Mapping[str, NodeState], voters: Sequence[str], meta_replicas: int,
                 leader: str | None) -> VoterChange | None:
     """The next change to the metadata group's voters (see the module's rules), or None."""
-    live = [v for v in voters if nodes.get(v) in _SERVES]
+    live = [v for v in voters if nodes.get(v) in SERVES]
     if len(live) <= len(voters) // 2:
         return None
-    gone = sorted(v for v in voters if nodes.get(v) in _GONE or v not in nodes)
+    gone = sorted(v for v in voters if nodes.get(v) in GONE or v not in nodes)
     if gone:
         return "remove", gone[0], f"node {gone[0]} is {nodes.get(gone[0], 'unknown')}"
     want = target(nodes, meta_replicas)

@@ -32,8 +32,9 @@ NODE_STATES: tuple[NodeState, ...] = ("alive", "suspect", "dead", "draining", "r
 REPLICATION_FACTORS = (1, 3, 5)
 # A suspect node keeps its replicas (it may be back in a moment) but is given no new ones.
 _TAKES_REPLICAS = frozenset({"alive"})
-_KEEPS_REPLICAS = frozenset({"alive", "suspect", "draining"})
-_GONE = frozenset({"dead", "removed"})
+# A node that serves keeps its replicas (and its metadata vote); a gone one never serves again.
+SERVES = frozenset({"alive", "suspect", "draining"})
+GONE = frozenset({"dead", "removed"})
 
 Placement = Mapping[int, tuple[str, ...]]  # group -> member node ids
 
@@ -69,7 +70,7 @@ def initial(node_ids: Iterable[str], groups: Iterable[int], replication_factor: 
 
 def loads(nodes: Mapping[str, NodeState], placement: Placement) -> dict[str, int]:
     """Replicas held by each node that holds or may take replicas."""
-    count = {node_id: 0 for node_id, state in nodes.items() if state in _KEEPS_REPLICAS}
+    count = {node_id: 0 for node_id, state in nodes.items() if state in SERVES}
     for members in placement.values():
         for node_id in members:
             if node_id in count:
@@ -82,7 +83,7 @@ def target_size(nodes: Mapping[str, NodeState], replication_factor: int) -> int:
     A suspect or draining node still counts: a group shrunk below R because one member
     went quiet for a few seconds, or because a drain had nowhere to go, would lose a copy
     for nothing (and with the quiet member dead, its quorum)."""
-    return min(replication_factor, sum(1 for state in nodes.values() if state in _KEEPS_REPLICAS)) or replication_factor
+    return min(replication_factor, sum(1 for state in nodes.values() if state in SERVES)) or replication_factor
 
 
 def plan(nodes: Mapping[str, NodeState], placement: Placement, replication_factor: int,
@@ -106,7 +107,7 @@ def plan(nodes: Mapping[str, NodeState], placement: Placement, replication_facto
 
 def _has_quorum(members: tuple[str, ...], nodes: Mapping[str, NodeState]) -> bool:
     """Raft commits a membership change only with a quorum of the current members."""
-    return sum(1 for m in members if nodes.get(m, "removed") not in _GONE) > len(members) // 2
+    return sum(1 for m in members if nodes.get(m, "removed") not in GONE) > len(members) // 2
 
 
 def _after(load: dict[str, int], change: Change) -> dict[str, int]:
@@ -123,7 +124,7 @@ def _least_loaded(load: Mapping[str, int], nodes: Mapping[str, NodeState], exclu
 
 def _remove_gone(group: int, members: tuple[str, ...], nodes: Mapping[str, NodeState],
                  load: Mapping[str, int], size: int) -> Change | None:
-    gone = [m for m in members if nodes.get(m, "removed") in _GONE]
+    gone = [m for m in members if nodes.get(m, "removed") in GONE]
     if gone:
         return Change("remove", group, min(gone), f"node {min(gone)} is {nodes.get(min(gone), 'removed')}")
     return None
@@ -131,7 +132,7 @@ def _remove_gone(group: int, members: tuple[str, ...], nodes: Mapping[str, NodeS
 
 def _add_missing(group: int, members: tuple[str, ...], nodes: Mapping[str, NodeState],
                  load: Mapping[str, int], size: int) -> Change | None:
-    if len(members) >= size or any(nodes.get(m, "removed") in _GONE for m in members):
+    if len(members) >= size or any(nodes.get(m, "removed") in GONE for m in members):
         return None
     target = _least_loaded(load, nodes, members)
     return None if target is None else Change("add", group, target, f"{len(members)} of {size} replicas")

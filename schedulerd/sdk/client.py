@@ -30,9 +30,6 @@ POLL_MARGIN_S = 5.0
 # A 503's Retry-After is honoured, but never beyond this: an election takes
 # about a second, and the caller's deadline matters more than the hint.
 RETRY_AFTER_S_MAX = 2.0
-# A client that must fail over reads the cluster's nodes (GET /v1/cluster) at most this
-# often, and tries the ones it was not given after the ones it was.
-MEMBERS_EVERY_S = 30.0
 USER_AGENT = "schedulerd-client/0.1"
 
 
@@ -135,7 +132,7 @@ class Client:
     connection failure, `Unavailable("no server reachable: ...")`.
     A server that fails sends the client to the cluster's member list: the
     nodes `/v1/cluster` lists as serving are tried after the servers given
-    (read at most every MEMBERS_EVERY_S), so one URL of a cluster whose
+    (read at most every wire.MEMBERS_EVERY_S), so one URL of a cluster whose
     nodes come and go keeps working while any node it lists answers.
     A 4xx raises the typed error the server sent; any other unexpected
     answer (5xx, non-JSON) raises `SchedulerError` with the status.
@@ -477,7 +474,7 @@ class Client:
         """Replace the learned servers with the nodes the first server to answer
         `/v1/cluster` lists as serving (same scheme as the first server given)."""
         now = time.monotonic()
-        if self._members_read_at is not None and now - self._members_read_at < MEMBERS_EVERY_S:
+        if self._members_read_at is not None and now - self._members_read_at < wire.MEMBERS_EVERY_S:
             return
         self._members_read_at = now
         scheme = "https" if self._given[0].https else "http"
@@ -487,14 +484,13 @@ class Client:
                 return
             try:
                 response = self._send(server, "GET", "/v1/cluster", None, read_s)
-                nodes = json.loads(response.body).get("nodes") if response.status == 200 else None
-            except (_TransportError, ValueError, AttributeError):
+                serving = wire.serving_urls(json.loads(response.body), scheme) if response.status == 200 else None
+            except (_TransportError, ValueError):
                 continue
-            if not isinstance(nodes, list):
+            if serving is None:
                 continue
             given = {s.url for s in self._given}
-            learned = sorted({f"{scheme}://{n['http']}" for n in nodes if isinstance(n, dict)
-                              and n.get("state") in ("alive", "suspect") and isinstance(n.get("http"), str)} - given)
+            learned = [url for url in serving if url not in given]
             current = self._servers[self._preferred].url
             self._servers = self._given + [parsed for parsed in map(_parse_member, learned) if parsed is not None]
             self._preferred = next((i for i, s in enumerate(self._servers) if s.url == current), 0)

@@ -1,11 +1,11 @@
 """What the client and the worker SDK share about talking to a node: how an answer
 that is not a success becomes a typed error, how long to pause before trying again,
-and the server's limits they size their batches by."""
+which of the cluster's nodes serve, and the server's limits they size their batches by."""
 from __future__ import annotations
 
 import json
 import random
-from typing import Iterator
+from typing import Any, Iterator
 
 from schedulerd.errors import SchedulerError, Unavailable, from_wire
 from schedulerd.limits import Limits
@@ -19,6 +19,20 @@ BACKOFF_S_FIRST = 0.05
 BACKOFF_S_MAX = 1.0
 # How much of an unexpected (non-JSON) body goes into an error's message.
 ERROR_TEXT_CHARS_MAX = 200
+
+
+# A client or worker reads the cluster's nodes (`GET /v1/cluster`) at most this often.
+MEMBERS_EVERY_S = 30.0
+
+
+def serving_urls(cluster: Any, scheme: str) -> list[str] | None:
+    """The base URLs of the nodes a `/v1/cluster` answer lists as serving (alive or
+    suspect), sorted; None when the answer says nothing of its nodes."""
+    nodes = cluster.get("nodes") if isinstance(cluster, dict) else None
+    if not isinstance(nodes, list):
+        return None
+    return sorted({f"{scheme}://{n['http']}" for n in nodes if isinstance(n, dict)
+                   and n.get("state") in ("alive", "suspect") and isinstance(n.get("http"), str) and n["http"]})
 
 
 def backoff_s() -> Iterator[float]:

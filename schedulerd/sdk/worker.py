@@ -40,7 +40,6 @@ _ERROR_HEAD_BYTES_MAX = 1024  # so a huge message cannot crowd out the traceback
 _TRACEBACK_FRAMES_MAX = 8
 HEARTBEAT_INTERVAL_S_MIN = 0.5
 _REQUEST_TIMEOUT_S = 10.0  # ack/nack/heartbeat; a poll gets wait_s on top
-MEMBERS_EVERY_S = 30.0  # how often the worker reads which nodes the cluster has
 _CONNECT_TIMEOUT_S = 3.0  # a black-holed node must not pin a poll loop's slots
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Failures that say "this node, right now" rather than "this request": retry elsewhere.
@@ -294,10 +293,10 @@ class Worker:
 
     async def _follow_members(self) -> None:
         """Poll every node that serves: the cluster's nodes, read from `/v1/cluster` every
-        MEMBERS_EVERY_S, replace the servers given (a node holds only some groups, and a poll
+        wire.MEMBERS_EVERY_S, replace the servers given (a node holds only some groups, and a poll
         leases from the groups where it lands). A cluster that cannot say keeps the list."""
         while True:
-            await asyncio.sleep(MEMBERS_EVERY_S)
+            await asyncio.sleep(wire.MEMBERS_EVERY_S)
             found = await self._members()
             if found and set(found) != set(self.servers):
                 self._set_servers(found)
@@ -312,11 +311,9 @@ class Worker:
                     body = msgspec.json.decode(await resp.read())
             except (*_TRANSIENT, ValueError):
                 continue
-            scheme = server.split("://", 1)[0]
-            nodes = body.get("nodes") if isinstance(body, dict) else None
-            if isinstance(nodes, list):
-                return sorted(f"{scheme}://{n['http']}" for n in nodes
-                              if isinstance(n, dict) and n.get("state") in ("alive", "suspect") and n.get("http"))
+            serving = wire.serving_urls(body, server.split("://", 1)[0])
+            if serving is not None:
+                return serving
         return []
 
     def _set_servers(self, servers: list[str]) -> None:

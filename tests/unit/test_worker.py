@@ -619,7 +619,7 @@ def test_dead_server_does_not_stop_the_worker(net, caplog):
 
 
 def test_a_worker_follows_the_nodes_the_cluster_lists(net, monkeypatch):
-    monkeypatch.setattr("schedulerd.sdk.worker.MEMBERS_EVERY_S", 0.2)
+    monkeypatch.setattr("schedulerd.sdk.wire.MEMBERS_EVERY_S", 0.2)
     cluster = FakeCluster()
     first, joined, leaving = net.node(cluster), net.node(cluster), net.node(cluster)
 
