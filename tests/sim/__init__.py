@@ -1,0 +1,1 @@
+"""Deterministic simulation of a whole schedulerd cluster in one process (docs/simulation.md)."""
