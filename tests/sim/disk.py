@@ -17,6 +17,8 @@ import os
 import random
 from typing import Any
 
+import pysyncobj.serializer
+
 from tests.sim.world import World, enospc
 
 _STORE_FILES = frozenset({"data.mdb", "lock.mdb"})
@@ -96,6 +98,8 @@ class SimDisk:
         patch(os, "fdatasync", fdatasync)
         patch(os, "replace", moved("replace"))
         patch(os, "rename", moved("rename"))
+        # pysyncobj's serializer bound os.rename at import (its atomicReplace on Linux).
+        patch(pysyncobj.serializer, "atomicReplace", moved("rename"))
         patch(os, "link", link)
         patch(os, "remove", gone("remove"))
         patch(os, "unlink", gone("unlink"))

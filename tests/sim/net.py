@@ -105,7 +105,9 @@ class Ticker:
             due = obj._SyncObj__newAppendEntriesTime
         else:
             due = obj._SyncObj__raftElectionDeadline
-        self.schedule(min(max(due, now + TICK_AFTER_S), now + IDLE_TICK_S))
+        # A deadline already past stays past while the replica waits for something else (an
+        # election waits for a connection, whose arrival ticks it): look again when idle.
+        self.schedule(min(due if due > now else now + IDLE_TICK_S, now + IDLE_TICK_S))
 
 
 class SimTransport(Transport):

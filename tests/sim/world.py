@@ -176,7 +176,8 @@ class World:
         self.loop.set_task_factory(self._task_factory)
         self.loop.set_exception_handler(self._loop_exception)
         self.on_stop: Callable[[Stopped], None] = lambda stop: None
-        self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
+        # By node, in creation order (a set would cancel them in address order, which differs run to run).
+        self.tasks: dict[str, dict[asyncio.Task[Any], None]] = {}
         self.threads: dict[str, list[SimThread]] = {}
         self.boot_ids: dict[str, int] = {}
         self.loop_errors: list[str] = []
@@ -191,9 +192,9 @@ class World:
         task = asyncio.Task(coro, loop=loop, context=context)
         node = (context.get(current_node) if context is not None else current_node.get())
         if node is not None:
-            tasks = self.tasks.setdefault(node, set())
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            tasks = self.tasks.setdefault(node, {})
+            tasks[task] = None
+            task.add_done_callback(lambda done: tasks.pop(done, None))
         return task
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -226,7 +227,7 @@ class World:
 
     def kill_node_work(self, node: str) -> None:
         """The node's process is gone: none of its tasks or background work runs again."""
-        for task in list(self.tasks.pop(node, ())):
+        for task in list(self.tasks.pop(node, {})):
             task.cancel()
         for thread in self.threads.pop(node, []):
             thread.cancel()
