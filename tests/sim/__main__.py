@@ -21,6 +21,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sim-hours", type=float, default=1.0)
     parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--spares", type=int, default=0,
+                        help="machines that join, and replace removed or dead nodes, during the run")
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--net", choices=("tcp", "chaos"), default="tcp")
     parser.add_argument("--no-faults", action="store_true")
@@ -33,7 +35,7 @@ def main() -> int:
     result = None
     digests = hashlib.sha256()
     for seed in seeds:
-        options = Options(seed=seed, sim_hours=args.sim_hours, nodes=args.nodes, groups=args.groups,
+        options = Options(seed=seed, sim_hours=args.sim_hours, nodes=args.nodes, spares=args.spares, groups=args.groups,
                           net=args.net, faults=not args.no_faults)
         started = time.monotonic()
         result = run(options)
@@ -47,7 +49,7 @@ def main() -> int:
         if result.verdict != "PASS":
             failed.append(seed)
             print(f"replay: python -m tests.sim --seed {seed} --sim-hours {args.sim_hours:g} --nodes {args.nodes} "
-                  f"--groups {args.groups} --net {args.net}{' --no-faults' if args.no_faults else ''}")
+                  f"--spares {args.spares} --groups {args.groups} --net {args.net}{' --no-faults' if args.no_faults else ''}")
             print("problems:\n  " + "\n  ".join(result.problems[:50]))
             print("last events:\n  " + "\n  ".join(result.tail))
     if args.soak:

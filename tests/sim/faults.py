@@ -12,19 +12,33 @@
 - disk-low: a node's free space falls under the guard: it refuses writes and hands
   over leadership;
 - disk-full: a node's disk fills at once: its next journal write fails and the node
-  stops; it is restarted once space returns."""
+  stops; it is restarted once space returns.
+
+With spare machines (`--spares`), membership changes too:
+
+- join: a spare machine joins the running cluster (`--join`);
+- remove: a node is drained (`schedctl cluster remove-node`); once removed it is stopped;
+- dead: a node's machine goes down for good: the cluster declares it dead after the
+  dead-node timeout and re-creates its replicas on the others;
+- replace: a retired machine (removed, or declared dead) is wiped and joins as a new node."""
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from schedulerd.errors import SchedulerError
+from schedulerd.storage.placement import SERVES
 from schedulerd.units import US_PER_S
+
+from tests.sim.node import Lost
 
 if TYPE_CHECKING:
     from tests.sim.node import SimNode
     from tests.sim.run import Simulation
 
 FAULTS = ("crash", "power", "partition", "one-way", "slow", "clock", "disk-low", "disk-full")
+MEMBERSHIP = ("join", "remove", "dead", "replace")
+SERVING_MIN = 3  # membership faults never take the cluster below this many serving nodes
 MEAN_GAP_S = 300.0
 CLOCK_JUMP_S_MAX = 2.0
 
@@ -47,7 +61,7 @@ class Nemesis:
             return
         while True:
             await asyncio.sleep(self.rng.expovariate(1.0 / MEAN_GAP_S))
-            kind = self.rng.choice(FAULTS)
+            kind = self.rng.choice(FAULTS + (MEMBERSHIP if self.sim.options.spares else ()))
             node = self.rng.choice(self.sim.nodes)
             self.count += 1
             getattr(self, "_" + kind.replace("-", "_"))(node)
@@ -145,6 +159,68 @@ class Nemesis:
             self.world.full_disks.discard(node.name)
             self._release(node, "disk-full")
 
+    def _serving(self) -> list["SimNode"]:
+        registry = self.sim.registry()
+        return [n for n in self.sim.nodes if not n.retired and registry.get(n.node_id, {}).get("state") in SERVES]
+
+    def _members_up(self) -> list["SimNode"]:
+        return [n for n in self._serving() if n.up]
+
+    def _join(self, node: "SimNode") -> None:
+        registry = self.sim.registry()
+        spares = [n for n in self.sim.nodes if n.spare and not n.up and not n.retired
+                  and n.node_id not in registry and n.name not in self._held]
+        members = self._members_up()
+        if spares and members:
+            self.sim.trace(f"fault join {spares[0].name} as {spares[0].node_id}")
+            spares[0].join_through(members)
+
+    def _remove(self, node: "SimNode") -> None:
+        registry = self.sim.registry()
+        serving = [n for n in self._serving() if registry[n.node_id]["state"] != "draining"]
+        members = self._members_up()
+        if len(serving) <= SERVING_MIN or not members:
+            return
+        target, via = self.rng.choice(serving), self.rng.choice(members)
+        self.sim.trace(f"fault remove {target.name} ({target.node_id}) via {via.name}")
+
+        async def drain() -> None:
+            assert via.node is not None and via.node.topology is not None
+            await via.node.topology.propose_checked({"op": "set_state", "node_id": target.node_id,
+                                                     "state": "draining"})
+
+        self.world.loop.create_task(self._quietly(via, drain))
+
+    async def _quietly(self, via: "SimNode", fn: Any) -> None:
+        try:
+            await via.serve(fn)
+        except (Lost, SchedulerError) as exc:
+            self.sim.trace(f"membership request via {via.name} failed: {exc}")
+
+    def _dead(self, node: "SimNode") -> None:
+        serving = self._members_up()
+        if len(serving) <= SERVING_MIN:
+            return
+        target = self.rng.choice(serving)
+        if target.name in self._held:
+            return
+        self.sim.trace(f"fault dead {target.name} ({target.node_id}): its machine is gone")
+        self._held.add(target.name)
+        target.crash(machine=True)
+
+    def _replace(self, node: "SimNode") -> None:
+        retired = [n for n in self.sim.nodes if n.retired and not n.up]
+        members = self._members_up()
+        if not retired or not members:
+            return
+        target = retired[0]
+        target.wipe()
+        self.sim.trace(f"fault replace {target.name}: wiped, joins as {target.node_id}")
+        target.join_through(members)
+
+    def release_retired(self, node: "SimNode") -> None:
+        self._held.discard(node.name)
+
     async def heal_all(self) -> None:
         """End every fault now and start every node that is down."""
         for handle in self._ends:
@@ -157,6 +233,6 @@ class Nemesis:
         self.sim.net.set_cut(set())
         for node in self.sim.nodes:
             node.set_clock_offset(0)
-            if not node.up:
+            if not node.up and not node.retired and not (node.spare and node.incarnation == 0):
                 self.sim.restart(node, "healing")
         self.sim.note_skew()

@@ -20,6 +20,7 @@ from typing import Any
 
 import pysyncobj.pickle
 from pysyncobj import SyncObj
+from pysyncobj.node import Node
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import Transport
 
@@ -42,8 +43,12 @@ class NetConfig:
 
 
 class _Conn:
-    """What the daemon's patches read of a TCP connection: its state and send queue."""
+    """What the daemon's patches read of a TCP connection (its state and send queue), and
+    the address at its other end."""
     state = CONNECTION_STATE.CONNECTED
+
+    def __init__(self, address: str) -> None:
+        self.address = address
 
     def getSendBufferSize(self) -> int:
         return 0
@@ -115,13 +120,16 @@ class SimTransport(Transport):
 
     def __init__(self, syncObj: SyncObj, selfNode: Any, otherNodes: Any) -> None:
         super().__init__(syncObj, selfNode, otherNodes)
-        if selfNode is None:
-            raise NotImplementedError("the simulated network has no read-only (observer) replicas")
         self.net = SimTransport.net
         self.syncobj = syncObj
-        self.address: str = selfNode.address
         self.owner = current_node.get() or "?"
+        # A read-only replica (an observer) has no Raft address: it connects to the nodes it
+        # lists, which take it as a read-only node, as pysyncobj's TCP transport does.
+        self.observer = selfNode is None
         self.nodes: dict[str, Any] = {node.address: node for node in otherNodes}
+        port = next(iter(self.nodes)).rpartition(":")[2] if self.nodes else "0"
+        self.address: str = f"{self.net.hosts[self.owner]}:ro{port}" if self.observer else selfNode.address
+        self.readonly: dict[str, Any] = {}  # observers connected here, by their sim address
         self._connections: dict[Any, _Conn] = {}
         self.ticker = Ticker(self.net, syncObj, self.owner)
         syncObj._sim_ticker = self.ticker
@@ -138,7 +146,7 @@ class SimTransport(Transport):
     def send(self, node: Any, message: Any) -> bool:
         if node not in self._connections:
             return False
-        self.net.post(self, node.address, message)
+        self.net.post(self, self._connections[node].address, message)
         return True
 
     def addNode(self, node: Any) -> None:
@@ -153,19 +161,34 @@ class SimTransport(Transport):
         self.ticker.stop()
         self.net.detach(self, drop_after_s=0.0)
 
-    def connected(self, address: str) -> None:
-        node = self.nodes.get(address)
-        if node is not None and node not in self._connections:
-            self._connections[node] = _Conn()
+    def sender(self, address: str) -> Any:
+        """The node object a message from `address` arrives from here, or None (not listed)."""
+        return self.nodes.get(address) or self.readonly.get(address)
+
+    def connected(self, address: str, observer: bool) -> None:
+        if observer:
+            node = Node(f"readonly-{address}")
+            self.readonly[address] = node
+            self._connections[node] = _Conn(address)
+            self.net.world.run_in(self.owner, self._onReadonlyNodeConnected, node)
+        else:
+            node = self.nodes.get(address)
+            if node is None or node in self._connections:
+                return
+            self._connections[node] = _Conn(address)
             self.net.world.run_in(self.owner, self._onNodeConnected, node)
-            self.ticker.kick()
+        self.ticker.kick()
 
     def disconnected(self, address: str) -> None:
-        node = next((n for n in self._connections if n.address == address), None)
-        if node is not None:
-            del self._connections[node]
+        node = next((n for n, c in self._connections.items() if c.address == address), None)
+        if node is None:
+            return
+        del self._connections[node]
+        if self.readonly.pop(address, None) is not None:
+            self.net.world.run_in(self.owner, self._onReadonlyNodeDisconnected, node)
+        else:
             self.net.world.run_in(self.owner, self._onNodeDisconnected, node)
-            self.ticker.kick()
+        self.ticker.kick()
 
 
 def host_of(address: str) -> str:
@@ -186,6 +209,7 @@ class SimNet:
         self.world = world
         self.config = config
         self.transports: dict[str, SimTransport] = {}
+        self.hosts: dict[str, str] = {}  # node name -> its machine's host
         self.cut: set[tuple[str, str]] = set()  # (from host, to host) directions that carry nothing
         self.slow: dict[str, float] = {}  # host -> extra one-way delay
         self.pairs: dict[tuple[str, str], _Pair] = {}
@@ -215,9 +239,16 @@ class SimNet:
                 self._schedule(key, pair, False, drop_after_s)
         self.reconcile()
 
+    def _linked(self, ta: SimTransport, tb: SimTransport) -> bool:
+        """Whether the two replicas would connect: two voters that list each other, or an
+        observer and a voter it lists."""
+        if ta.observer or tb.observer:
+            return not (ta.observer and tb.observer) and (tb.address in ta.nodes or ta.address in tb.nodes)
+        return tb.address in ta.nodes and ta.address in tb.nodes
+
     def _wanted(self, a: str, b: str) -> bool:
         ta, tb = self.transports.get(a), self.transports.get(b)
-        if ta is None or tb is None or b not in ta.nodes or a not in tb.nodes:
+        if ta is None or tb is None or not self._linked(ta, tb):
             return False
         ha, hb = host_of(a), host_of(b)
         return (ha, hb) not in self.cut and (hb, ha) not in self.cut
@@ -226,7 +257,7 @@ class SimNet:
         """Start connecting or dropping every pair whose state differs from what it may be."""
         addresses = sorted(self.transports)
         keys = {(a, b) for i, a in enumerate(addresses) for b in addresses[i + 1:]
-                if b in self.transports[a].nodes or a in self.transports[b].nodes}
+                if self._linked(self.transports[a], self.transports[b])}
         keys |= {key for key, pair in self.pairs.items() if pair.connected}
         for key in sorted(keys):
             pair = self.pairs.setdefault(key, _Pair())
@@ -257,8 +288,12 @@ class SimNet:
         pair.tail.clear()
         for here, there in (key, key[::-1]):
             transport = self.transports.get(here)
-            if transport is not None:
-                (transport.connected if connect else transport.disconnected)(there)
+            if transport is None:
+                continue
+            if connect:
+                transport.connected(there, self.transports[there].observer)
+            else:
+                transport.disconnected(there)
         self.reconcile()
 
     # --- messages ---
@@ -295,7 +330,7 @@ class SimNet:
                 or (host_of(src), host_of(dst)) in self.cut:
             self.dropped += 1
             return
-        node = transport.nodes.get(src)
+        node = transport.sender(src)
         if node is None:
             self.dropped += 1
             return

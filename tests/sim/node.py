@@ -4,8 +4,10 @@ node-side code the HTTP handlers call (jobspec, the create and ack coalescers, t
 queue, node.propose); HTTP itself and forwarding are the fault harness's to test."""
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Any
+import shutil
+from typing import Any, Awaitable, Callable
 
 from schedulerd import identity
 from schedulerd.api.jobs import creates_coalescer
@@ -23,7 +25,12 @@ from tests.sim.disk import SimDisk
 from tests.sim.net import SimNet, SimTransport
 from tests.sim.world import World
 
+
+class Lost(Exception):
+    """The call's node went down before it answered (a reset connection)."""
+
 RAFT_PORT = 7000
+DEAD_NODE_TIMEOUT_S = 300.0
 HTTP_PORT = 8000
 
 # Raft timings stretched 20x from the defaults (heartbeat 1 s, elections 10-20 s): each
@@ -36,6 +43,8 @@ SIM_RAFT = dict(election_timeout_s_min=10.0, election_timeout_s_max=20.0, append
 class SimNode:
     def __init__(self, world: World, net: SimNet, disk: SimDisk, index: int, root: str, groups: int,
                  first: list[str]) -> None:
+        """`first`: the first nodes' Raft addresses; a node not among them is a spare, which
+        joins the running cluster when the faults start it (`join`)."""
         self.world, self.net, self.disk = world, net, disk
         self.index = index
         self.name = f"n{index}"
@@ -44,7 +53,11 @@ class SimNode:
         self.http = f"{self.host}:{HTTP_PORT}"
         self.data_dir = os.path.join(root, self.name)
         self.groups = groups
-        self.peers = [a for a in first if a != self.raft_addr]
+        self.peers = [a for a in first if a != self.raft_addr] if self.raft_addr in first else []
+        self.spare = self.raft_addr not in first
+        self.join_urls: tuple[str, ...] = ()
+        self.join_meta: tuple[str, ...] = ()
+        self.retired = False  # removed or declared dead: never started again as this node
         self.clock_offset_us = 0
         self.node: Node | None = None
         self.leases: LeaseQueue | None = None
@@ -53,11 +66,49 @@ class SimNode:
         self.commits: TaskCommits | None = None
         self.incarnation = 0
         self.crashes = 0
-        os.makedirs(self.data_dir, exist_ok=True)
-        with open(os.path.join(self.data_dir, identity.FILE), "w", encoding="ascii") as f:
-            f.write(f"n-{index:012x}\n")
+        self.wipes = 0
+        net.hosts[self.name] = self.host
         world.data_roots[self.name] = self.data_dir
-        disk.mark_all_durable(self.data_dir)
+        self._fresh_data_dir()
+
+    def _fresh_data_dir(self) -> None:
+        """An empty data dir with a node id of its own (a wiped machine is a new node)."""
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        os.makedirs(self.data_dir)
+        with open(os.path.join(self.data_dir, identity.FILE), "w", encoding="ascii") as f:
+            f.write(f"n-{self.index:06x}{self.wipes:06x}\n")
+        self.disk.mark_all_durable(self.data_dir)
+
+    @property
+    def node_id(self) -> str:
+        return f"n-{self.index:06x}{self.wipes:06x}"
+
+    def wipe(self) -> None:
+        """The operator wipes this (stopped) machine, to join it again as a new node."""
+        assert self.node is None
+        self.wipes += 1
+        self.retired = False
+        self._fresh_data_dir()
+        self.spare = True
+        self.join_urls = ()
+
+    def join_through(self, members: list["SimNode"]) -> None:
+        """Start as a new node of the running cluster (`--join` the members' URLs)."""
+        self.join_urls = tuple(f"http://{m.http}" for m in members)
+        member = next(m for m in members if m.node is not None and m.node.topology is not None)
+        assert member.node is not None and member.node.topology is not None
+        self.join_meta = tuple(member.node.topology.meta.members())
+        self.start()
+
+    async def serve(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """Run fn as a request this node serves: it dies with the node's process (Lost)."""
+        if self.node is None:
+            raise Lost(f"{self.name} is down")
+        task = self.world.run_in(self.name, self.world.loop.create_task, fn())
+        await asyncio.wait({task})
+        if task.cancelled():
+            raise Lost(f"{self.name} went down while serving the request")
+        return task.result()
 
     @property
     def up(self) -> bool:
@@ -71,7 +122,10 @@ class SimNode:
         return NodeConfig(raft=raft, http_host=self.host, http_port=HTTP_PORT, lease_s=30.0,
                           scan_interval_s=5.0, lookahead_s=12.0, sweep_interval_s=30.0, propose_timeout_s=20.0,
                           replication_factor=3, meta_replicas=3, registry_interval_s=5.0,
-                          dead_node_timeout_s=600.0, finished_ttl_s=3600.0,
+                          join=self.join_urls if self.spare else (),
+                          join_meta_peers=self.join_meta if self.spare and not os.path.exists(
+                              os.path.join(self.data_dir, "meta.journal")) else (),
+                          dead_node_timeout_s=DEAD_NODE_TIMEOUT_S, finished_ttl_s=3600.0,
                           archive_dir=os.path.join(self.data_dir, "archive"),
                           limits=Limits().overridden(("disk_free_bytes_min=1048576",)))
 

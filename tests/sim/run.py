@@ -18,6 +18,7 @@ from typing import Any, Callable
 from pysyncobj import SyncObj
 
 from schedulerd import join
+from schedulerd.errors import Conflict, SchedulerError
 from schedulerd.raft.conf import RaftConfig
 from schedulerd.raft.group import Group
 from schedulerd.raft.meta_group import MetaGroup
@@ -29,7 +30,7 @@ from tests.sim import checks
 from tests.sim.disk import SimDisk
 from tests.sim.faults import Nemesis
 from tests.sim.net import NetConfig, SimNet, SimTransport, Ticker
-from tests.sim.node import RAFT_PORT, SimNode
+from tests.sim.node import RAFT_PORT, Lost, SimNode
 from tests.sim.workload import Workload
 from tests.sim.world import Stopped, World
 
@@ -44,6 +45,7 @@ class Options:
     seed: int
     sim_hours: float = 1.0
     nodes: int = 3
+    spares: int = 0  # machines that join (and replace) during the run: membership faults
     groups: int = 2
     net: str = "tcp"
     faults: bool = True
@@ -166,6 +168,7 @@ class Simulation:
 
         patch(Ticker, "_tick", ticked)
         patch(join, "standing", self._standing)
+        patch(join, "register", self._register)
         self.world.on_stop = self._on_stop
 
     async def _standing(self, https: list[str], node_id: str, tls: bool) -> str | None:
@@ -182,6 +185,59 @@ class Simulation:
                 return str(known["state"])
         return None
 
+    def reachable(self, a: SimNode, b: SimNode) -> bool:
+        return b.up and (a.host, b.host) not in self.net.cut and (b.host, a.host) not in self.net.cut
+
+    async def _register(self, config: Any, entry: dict[str, Any]) -> dict[str, Any]:
+        """join.register: a member the joining node can reach registers it (api/nodes.register)."""
+        joiner = next(n for n in self.nodes if n.host == config.http_host)
+        problems = []
+        for url in config.join:
+            member = next((n for n in self.nodes if url == f"http://{n.http}"), None)
+            if member is None or not self.reachable(joiner, member):
+                problems.append(f"{url}: unreachable")
+                continue
+
+            async def register(member: SimNode = member) -> dict[str, Any]:
+                assert member.node is not None and member.node.topology is not None
+                return await member.node.topology.propose_checked(  # type: ignore[no-any-return]
+                    {"op": "register", "node_id": entry["node_id"], "http": entry["http"], "raft": entry["raft"]})
+
+            try:
+                result = await member.serve(register)
+            except Conflict as exc:
+                return {"ok": False, "error": str(exc)}
+            except (Lost, SchedulerError) as exc:
+                problems.append(f"{url}: {exc}")
+                continue
+            return {"ok": True, "joined": result["joined"]}
+        raise join.JoinError("could not register with any member: " + "; ".join(problems))
+
+    def registry(self) -> dict[str, Any]:
+        """The node registry as the most advanced metadata replica up has applied it."""
+        best: dict[str, Any] = {}
+        best_index = -1
+        for node in self.nodes:
+            if node.node is not None and node.node.topology is not None:
+                meta = node.node.topology.meta
+                if meta.replica.raftLastApplied > best_index:
+                    best_index, best = meta.replica.raftLastApplied, meta.view()["nodes"]
+        return best
+
+    async def watch_registry(self) -> None:
+        """A node the cluster removed or declared dead is retired, as an operator would stop it."""
+        while True:
+            await asyncio.sleep(10.0)
+            nodes = self.registry()
+            for node in self.nodes:
+                known = nodes.get(node.node_id)
+                if node.retired or known is None or known["state"] not in ("removed", "dead"):
+                    continue
+                self.trace(f"retire {node.name} ({node.node_id} {known['state']})")
+                node.retired = True
+                node.stop()
+                self.nemesis.release_retired(node)
+
     def _on_stop(self, stop: Stopped) -> None:
         node = next((n for n in self.nodes if n.name == stop.node), None)
         if node is None or not node.up:
@@ -194,7 +250,7 @@ class Simulation:
         self.world.loop.call_later(self.world.rng.uniform(5.0, 30.0), self.restart, node, "after exit")
 
     def restart(self, node: SimNode, why: str) -> None:
-        if node.up or self.nemesis.holds(node):
+        if node.up or node.retired or self.nemesis.holds(node):
             return
         self.trace(f"start {node.name} ({why})")
         node.start()
@@ -229,25 +285,27 @@ class Simulation:
         opts = self.options
         first = [f"10.0.0.{i}:{RAFT_PORT}" for i in range(1, opts.nodes + 1)]
         self.nodes = [SimNode(self.world, self.net, self.disk, i, self.root, opts.groups, first)
-                      for i in range(1, opts.nodes + 1)]
+                      for i in range(1, opts.nodes + opts.spares + 1)]
         self.note_skew()
-        for node in self.nodes:
+        for node in self.nodes[:opts.nodes]:
             self.trace(f"start {node.name}")
             node.start()
         workload = Workload(self.world, self.nodes, self.trace, opts.rate_per_h, opts.workers)
         self.nemesis = Nemesis(self, enabled=opts.faults)
         loop = self.world.loop
-        tasks = [loop.create_task(workload.callers()), loop.create_task(self.nemesis.run())]
+        tasks = [loop.create_task(workload.callers()), loop.create_task(self.nemesis.run()),
+                 loop.create_task(self.watch_registry())]
         tasks += [loop.create_task(workload.worker(i)) for i in range(opts.workers)]
         await asyncio.sleep(opts.sim_hours * 3600.0)
         self.trace("faults stop; healing")
         await self.nemesis.heal_all()
         tasks[0].cancel()
         tasks[1].cancel()
+        workers = tasks[3:]
         end_us = int(self.world.clock.wall() * US_PER_S)
         await asyncio.sleep(SETTLE_S)
         workload.stopping = True
-        await asyncio.wait(tasks[2:], timeout=120.0)
+        await asyncio.wait(workers, timeout=120.0)
         converged = await self._converge()
         stores = [(f"{n.name} group {g.group_id}", g.store) for n in self.nodes if n.node is not None
                   for g in n.node.groups]

@@ -18,16 +18,12 @@ from schedulerd.storage.ops import Op
 from schedulerd.timefmt import from_iso, to_iso
 from schedulerd.units import US_PER_S
 
-from tests.sim.node import SimNode
+from tests.sim.node import Lost, SimNode
 from tests.sim.world import World
 
 QUEUE = "sim"
 EVERY_S = 300  # the repeating jobs' period
 REPEATING_MAX = 6
-
-
-class Lost(Exception):
-    """The call's node went down before it answered (a reset connection)."""
 
 
 @dataclass
@@ -54,16 +50,6 @@ class Workload:
         self.worker_incarnations: dict[str, int] = {}
 
     # --- calls into nodes ---
-
-    async def call(self, node: SimNode, fn: Callable[[], Awaitable[Any]]) -> Any:
-        """Run fn as a request served by `node`: it dies with the node's process."""
-        if not node.up:
-            raise Lost(f"{node.name} is down")
-        task = self.world.run_in(node.name, self.world.loop.create_task, fn())
-        await asyncio.wait({task})
-        if task.cancelled():
-            raise Lost(f"{node.name} went down while serving the request")
-        return task.result()
 
     def holders(self, group_id: int) -> list[SimNode]:
         return [n for n in self.nodes if n.up and n.node is not None and n.node.local_group(group_id) is not None]
@@ -124,7 +110,7 @@ class Workload:
             return result  # type: ignore[no-any-return]
 
         try:
-            result = await self.call(node, run)
+            result = await node.serve(run)
         except Lost as exc:
             return ("unknown", str(exc))
         except SchedulerError as exc:
@@ -156,7 +142,7 @@ class Workload:
             return result, group.replica.raftLastApplied
 
         try:
-            result, applied = await self.call(node, run)
+            result, applied = await node.serve(run)
         except (Lost, SchedulerError) as exc:
             record["outcome"] = f"unknown: {exc}"
             return
@@ -183,7 +169,7 @@ class Workload:
                 return await node.leases.poll(worker_id, [QUEUE], 2, 20.0)
 
             try:
-                tasks = await self.call(node, poll)
+                tasks = await node.serve(poll)
             except (Lost, SchedulerError):
                 await asyncio.sleep(self.rng.uniform(0.5, 3.0))
                 continue
@@ -238,7 +224,7 @@ class Workload:
                 return result  # type: ignore[no-any-return]
 
             try:
-                result = await self.call(node, run)
+                result = await node.serve(run)
             except (Lost, SchedulerError) as exc:
                 outcome = f"unknown: {exc}"
                 await asyncio.sleep(self.rng.uniform(0.5, 3.0))
@@ -261,7 +247,7 @@ class Workload:
                 "worker_id": worker_id, "run_id": view["run_id"], "fence": view["fence"], "error": "sim nack"})
 
         try:
-            result = await self.call(node, run)
+            result = await node.serve(run)
             outcome = "ok" if result["ok"] else f"refused: {result['code']}"
         except (Lost, SchedulerError) as exc:
             outcome = f"unknown: {exc}"
