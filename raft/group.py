@@ -67,6 +67,10 @@ class _Replica(SyncObj):
             self._group._commit_applied()
 
 
+class DataDirDamaged(Exception):
+    """A replica's files cannot rebuild its store: it must not start."""
+
+
 def stop_node(message: str) -> None:
     log.critical("fatal_apply_error %s; stopping the node (it replays the entry on restart)", message)
     logging.shutdown()
@@ -109,6 +113,7 @@ class Group:
         first = membership.first_members(base + ".members", {self.self_addr, *(configured if peers is None else peers)},
                                          fresh)
         log_journal = journal.DurableJournal(journal_path, keep_from)
+        self._refuse_a_gap(log_journal, keep_from)
         journal.install(lambda path: log_journal)
         in_snapshot, snapshot_index = snapshot.members_at(base + ".snapshot")
         members = membership.members_in_log(in_snapshot or first, snapshot_index, log_journal[:])
@@ -152,6 +157,22 @@ class Group:
         self.replica.addOnTickCallback(self._watch_leader)
         self.replica.addOnTickCallback(self._step_down_if_requested)
         self.replica.addOnTickCallback(self._compact_when_due)
+
+    def _refuse_a_gap(self, log_journal: journal.DurableJournal, keep_from: int) -> None:
+        """A journal that starts past the store's last applied entry, with no snapshot to
+        bridge them, cannot rebuild the store: pysyncobj would never apply again here, yet
+        the replica could still be elected (its log is complete) and lead a group that
+        claims nothing. Refuse to start instead (the deterministic simulation found the
+        state through a lost snapshot)."""
+        applied = self.store.last_applied()
+        if keep_from or not len(log_journal) or log_journal[0][1] <= applied + 1:
+            return
+        first = log_journal[0][1]
+        log_journal._close_files()
+        self.store.close()
+        raise DataDirDamaged(f"group {self.group_id}: its journal starts at entry {first}, its store has applied "
+                             f"{applied} and there is no snapshot to bridge them (the snapshot file was lost): "
+                             "wipe the data dir and join this machine again as a new node")
 
     def _apply(self, index: int, blob: bytes) -> Any:
         """Never lets an exception escape into pysyncobj: one that did would freeze the tick.

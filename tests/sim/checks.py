@@ -110,14 +110,10 @@ def check(history: History, stores: list[Any], archive_roots: list[str], end_us:
     for c in history.cancels:
         if c["outcome"] != "ok":
             continue
-        group = None
-        for d in dispatches:
-            if d["job_id"] == c["job_id"] and d["attempt"] == 1 and d["fence"] > c["applied_hi"] \
-                    and d["at"] > c["sent_at"]:
-                group = d
-                break
-        if group is not None:
-            problems.append(f"ran after cancel: job {c['job_id']} first leased at fence {group['fence']} after "
+        late = next((d for d in dispatches if d["job_id"] == c["job_id"] and d["attempt"] == 1
+                     and d["fence"] > c["applied_hi"] and d["at"] > c["sent_at"]), None)
+        if late is not None:
+            problems.append(f"ran after cancel: job {c['job_id']} first leased at fence {late['fence']} after "
                             f"its cancel was acknowledged at index <= {c['applied_hi']}")
 
     for d in dispatches:

@@ -62,7 +62,9 @@ class Nemesis:
         while True:
             await asyncio.sleep(self.rng.expovariate(1.0 / MEAN_GAP_S))
             kind = self.rng.choice(FAULTS + (MEMBERSHIP if self.sim.options.spares else ()))
-            node = self.rng.choice(self.sim.nodes)
+            # A spare that never joined is no machine of the cluster yet: started after a
+            # fault as if it were one, it would bootstrap a cluster of its own.
+            node = self.rng.choice([n for n in self.sim.nodes if n.incarnation > 0])
             self.count += 1
             getattr(self, "_" + kind.replace("-", "_"))(node)
 

@@ -129,6 +129,7 @@ class SimTransport(Transport):
         self.nodes: dict[str, Any] = {node.address: node for node in otherNodes}
         port = next(iter(self.nodes)).rpartition(":")[2] if self.nodes else "0"
         self.address: str = f"{self.net.hosts[self.owner]}:ro{port}" if self.observer else selfNode.address
+        syncObj._sim_group = self.address.rpartition(":")[2].removeprefix("ro")  # the group's port
         self.readonly: dict[str, Any] = {}  # observers connected here, by their sim address
         self._connections: dict[Any, _Conn] = {}
         self.ticker = Ticker(self.net, syncObj, self.owner)

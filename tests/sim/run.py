@@ -20,8 +20,6 @@ from pysyncobj import SyncObj
 from schedulerd import join
 from schedulerd.errors import Conflict, SchedulerError
 from schedulerd.raft.conf import RaftConfig
-from schedulerd.raft.group import Group
-from schedulerd.raft.meta_group import MetaGroup
 from schedulerd.storage import queries
 from schedulerd.storage.tables import last_applied
 from schedulerd.units import US_PER_S
@@ -93,6 +91,7 @@ class Simulation:
         self.nodes: list[SimNode] = []
         self.skews: list[tuple[float, int]] = []  # (sim time, largest forward offset from then on)
         self.root = ""
+        self.nemesis = Nemesis(self, enabled=options.faults)
 
     # --- the trace ---
 
@@ -144,20 +143,15 @@ class Simulation:
             return conf
 
         patch(RaftConfig, "sync_conf", hand_ticked)
-        group_apply = Group._apply
+        do_apply = SyncObj._SyncObj__doApplyCommand
 
-        def group_applied(self: Group, index: int, blob: bytes) -> Any:
-            sim._saw_entry(self.group_id, index, blob)
-            return group_apply(self, index, blob)
+        def applied(self: SyncObj, command: bytes) -> Any:
+            # Every entry pysyncobj applies (a new leader's no-op and membership changes
+            # too); raftLastApplied + 1 is its index, as raft/group.py counts it.
+            sim._saw_entry(getattr(self, "_sim_group", "?"), self.raftLastApplied + 1, command)
+            return do_apply(self, command)
 
-        patch(Group, "_apply", group_applied)
-        meta_apply = MetaGroup._apply
-
-        def meta_applied(self: MetaGroup, blob: bytes) -> Any:
-            sim._saw_entry("meta", self.replica.raftLastApplied + 1, blob)
-            return meta_apply(self, blob)
-
-        patch(MetaGroup, "_apply", meta_applied)
+        patch(SyncObj, "_SyncObj__doApplyCommand", applied)
         tick = Ticker._tick
 
         def ticked(self: Ticker) -> None:
@@ -291,7 +285,6 @@ class Simulation:
             self.trace(f"start {node.name}")
             node.start()
         workload = Workload(self.world, self.nodes, self.trace, opts.rate_per_h, opts.workers)
-        self.nemesis = Nemesis(self, enabled=opts.faults)
         loop = self.world.loop
         tasks = [loop.create_task(workload.callers()), loop.create_task(self.nemesis.run()),
                  loop.create_task(self.watch_registry())]

@@ -22,6 +22,7 @@ CI_SEEDS: dict[int, tuple[float, tuple[str, ...]]] = {
     11: (2.0, ()),
     12: (2.0, ("--groups", "1")),
     13: (2.0, ("--net", "chaos")),
+    14: (3.0, ("--spares", "2")),  # joins, drains, dead nodes and replacements
 }
 # Seeds that found a bug, each with the bug it found (docs/simulation.md).
 REGRESSION_SEEDS: dict[int, tuple[float, tuple[str, ...]]] = {}

@@ -22,7 +22,7 @@ from schedulerd.raft import bootmark
 from schedulerd.raft import group as group_mod
 from schedulerd.raft import pysyncobj_patches
 from schedulerd.raft.conf import RaftConfig
-from schedulerd.raft.group import Group
+from schedulerd.raft.group import DataDirDamaged, Group
 from schedulerd.raft.proposals import ProposalFailed
 from schedulerd.raft.pysyncobj_patches import PICKLE_PROTOCOL
 from schedulerd.storage import ops, queries
@@ -210,6 +210,24 @@ def test_after_a_machine_crash_the_store_is_rebuilt_from_snapshot_and_journal(
         assert job_count(group) == 75
     finally:
         group.destroy()
+
+
+def test_a_replica_whose_snapshot_was_lost_refuses_to_start(tmp_path: pathlib.Path, loop, monkeypatch) -> None:
+    """The store is gone (a machine crash) and so is the snapshot the compacted journal
+    continues from: started, the replica would never apply again yet could lead."""
+    monkeypatch.setattr(bootmark, "current_boot", lambda: "boot-a")
+    (port,) = free_ports(1)
+    group = single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_journal_ratio=0)
+    for i in range(60):
+        propose(group, loop, create_blob(f"j{i}"))
+    wait_until(lambda: group.status()["journal_entries"] < 60, 10, "the journal to be compacted")
+    first = group.journal[0][1]
+    group.destroy()
+    (tmp_path / "group-0.snapshot").unlink()
+    monkeypatch.setattr(bootmark, "current_boot", lambda: "boot-b")
+    (tmp_path / "group-0.lmdb" / bootmark.MARKER).write_text("boot-a dirty\n")  # torn by the reboot: discarded
+    with pytest.raises(DataDirDamaged, match=f"journal starts at entry {first}, its store has applied 0"):
+        single(tmp_path, Recorder(), port, compaction_entries_min=10, compaction_journal_ratio=0)
 
 
 @pytest.mark.parametrize("piece_delay_s, chunk, pad", [(0.0, 16 << 10, 4000), (0.1, 1024, 0)])
