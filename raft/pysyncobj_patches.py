@@ -228,9 +228,12 @@ def truncate_only_on_conflict(replica: SyncObj) -> None:
         if term_at(matched) != term:
             handle(node, message)  # pysyncobj answers the mismatch (and truncates nothing)
             return
-        rest = list(message.get("entries", []))
-        while rest and term_at(rest[0][1]) == rest[0][2]:
-            _, matched, term = rest.pop(0)
+        entries = message.get("entries", [])
+        held_already = 0
+        while held_already < len(entries) and term_at(entries[held_already][1]) == entries[held_already][2]:
+            _, matched, term = entries[held_already]
+            held_already += 1
+        rest = entries[held_already:]
         message = dict(message, entries=rest, prevLogIdx=matched, prevLogTerm=term)
         if rest or matched == last:
             handle(node, message)

@@ -21,12 +21,17 @@ def _write(path: pathlib.Path, data: bytes, sync: bool) -> None:
         os.close(fd)
 
 
-def test_power_loss_keeps_what_was_synced(tmp_path: pathlib.Path) -> None:
+def _machine(tmp_path: pathlib.Path) -> tuple[World, SimDisk, pathlib.Path]:
     world = World(seed=1)
     disk = SimDisk(world)
     root = tmp_path / "n1"
     root.mkdir()
     world.data_roots["n1"] = str(root)
+    return world, disk, root
+
+
+def test_power_loss_keeps_what_was_synced(tmp_path: pathlib.Path) -> None:
+    world, disk, root = _machine(tmp_path)
     with world.installed(disk.installed):
         _write(root / "journal", b"a" * 100, sync=True)
         _write(root / "journal", b"b" * 50, sync=False)
@@ -41,11 +46,7 @@ def test_power_loss_keeps_what_was_synced(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_full_disk_fails_writes_and_syncs(tmp_path: pathlib.Path) -> None:
-    world = World(seed=1)
-    disk = SimDisk(world)
-    root = tmp_path / "n1"
-    root.mkdir()
-    world.data_roots["n1"] = str(root)
+    world, disk, root = _machine(tmp_path)
     with world.installed(disk.installed):
         world.full_disks.add("n1")
         with pytest.raises(OSError) as failed:
