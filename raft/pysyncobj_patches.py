@@ -193,72 +193,6 @@ def commit_only_what_matched(replica: SyncObj) -> None:
     tcp._onMessageReceivedCallback = on_message
 
 
-def truncate_only_on_conflict(replica: SyncObj) -> None:
-    """A follower drops log entries only where the leader's differ (Raft's rule), never
-    because an append it already holds arrived again.
-
-    pysyncobj 0.3.17 deletes everything after an append's prevLogIdx and re-adds the
-    append's entries, whatever they are. An append that arrives again after later ones
-    (duplicated, or a resend from a nextIndex moved back) and carries fewer entries than
-    the follower holds cut off entries the follower had acknowledged: the leader had
-    counted them toward a commit, a new leader elected without them overwrote the index,
-    and the replica that had applied the old entry diverged (the deterministic
-    simulation's chaos network, seed 13). A late heartbeat (no entries) cut the log back
-    to its prevLogIdx the same way. The matching head of an append is dropped here; when
-    nothing in it is new, the follower keeps its log, answers for what the append
-    covered, and takes a commit index no further than that."""
-    tcp = transport(replica)
-    handle = tcp._onMessageReceivedCallback
-    delete_from = replica._SyncObj__deleteEntriesFrom
-    change_cluster = replica._SyncObj__doChangeCluster
-    keeping = [False]
-
-    def on_message(node: Any, message: dict[str, Any]) -> None:
-        if message.get("type") != "append_entries" or "prevLogIdx" not in message \
-                or message.get("transmission") is not None:
-            handle(node, message)
-            return
-        held = replica._SyncObj__raftLog
-        first, last = held[0][1], held[-1][1]
-
-        def term_at(idx: int) -> int | None:
-            return held[idx - first][2] if first <= idx <= last else None
-
-        matched, term = message["prevLogIdx"], message["prevLogTerm"]
-        if term_at(matched) != term:
-            handle(node, message)  # pysyncobj answers the mismatch (and truncates nothing)
-            return
-        entries = message.get("entries", [])
-        held_already = 0
-        while held_already < len(entries) and term_at(entries[held_already][1]) == entries[held_already][2]:
-            _, matched, term = entries[held_already]
-            held_already += 1
-        rest = entries[held_already:]
-        message = dict(message, entries=rest, prevLogIdx=matched, prevLogTerm=term)
-        if rest or matched == last:
-            handle(node, message)
-            return
-        message["commit_index"] = min(message["commit_index"], matched)
-        keeping[0] = True
-        try:
-            handle(node, message)
-        finally:
-            keeping[0] = False
-
-    def delete_unless_keeping(from_idx: int) -> None:
-        if not keeping[0]:
-            delete_from(from_idx)
-
-    def change_unless_keeping(request: Any, reverse: bool = False) -> Any:
-        if keeping[0] and reverse:
-            return None
-        return change_cluster(request, reverse)
-
-    replica._SyncObj__deleteEntriesFrom = delete_unless_keeping
-    replica._SyncObj__doChangeCluster = change_unless_keeping
-    tcp._onMessageReceivedCallback = on_message
-
-
 _REGULAR = b"\x00"  # pysyncobj's command type byte of a replicated call
 _MEMBERSHIP = b"\x02"  # ... and of a membership change: pickled [kind ('add' | 'rem'), node id, node]
 
@@ -475,13 +409,12 @@ def make_durable(syncobj: SyncObj, journal: DurableJournal) -> None:
 def fix_log_replication(replica: SyncObj, journal: DurableJournal) -> None:
     """The fixes every replica of ours takes, data group or metadata group: a durable log,
     a stale follower caught up in one step, no resends on late acks, commits only on
-    appends that matched, entries dropped only where they conflict, one membership change
-    at a time, removed members heard until the removal commits."""
+    appends that matched, one membership change at a time, removed members heard until
+    the removal commits."""
     make_durable(replica, journal)
     backtrack_to_commit_index(replica)
     keep_next_index_on_late_acks(replica)
     commit_only_what_matched(replica)
-    truncate_only_on_conflict(replica)
     one_membership_change_at_a_time(replica)
     hear_removed_nodes_until_committed(replica)
 

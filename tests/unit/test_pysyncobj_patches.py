@@ -493,27 +493,3 @@ def test_a_removal_that_never_committed_does_not_make_a_node_deaf(nets: list[Net
     assert not _cut_off_leader_hears_the_new_one(nets, patched=False)
     assert _cut_off_leader_hears_the_new_one(nets, patched=True)
 
-
-def _follower_log_end_after_a_late_append(nets: list[Net], patch: Callable[[Replica], None] | None) -> int:
-    """The leader sends two entries, one append each; the follower takes both, then the
-    first append again (a duplicate, or one reordered behind the second). How far does
-    the follower's log end move?"""
-    net, (leader, follower, other) = _cluster(patch)
-    nets.append(net)
-    net.elect(leader)
-    net.settle(2)
-    leader.add("a")
-    net.tick(leader)
-    leader.add("b")
-    net.tick(leader)
-    first = next(m for m in net.flight if m[1].address == "n2:1" and pysyncobj.pickle.loads(m[2]).get("entries"))
-    net.deliver(only=lambda src, dst, message: dst == "n2:1")
-    end = follower._SyncObj__raftLog[-1][1]
-    net.flight.append(first)
-    net.deliver(only=lambda src, dst, message: dst == "n2:1")
-    return int(follower._SyncObj__raftLog[-1][1]) - end
-
-
-def test_a_late_append_does_not_cut_entries_the_follower_holds(nets: list[Net]) -> None:
-    assert _follower_log_end_after_a_late_append(nets, None) == -1  # the entry it acknowledged is gone
-    assert _follower_log_end_after_a_late_append(nets, pysyncobj_patches.truncate_only_on_conflict) == 0
