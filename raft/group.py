@@ -162,8 +162,7 @@ class Group:
         """A journal that starts past the store's last applied entry, with no snapshot to
         bridge them, cannot rebuild the store: pysyncobj would never apply again here, yet
         the replica could still be elected (its log is complete) and lead a group that
-        claims nothing. Refuse to start instead (the deterministic simulation found the
-        state through a lost snapshot)."""
+        claims nothing (a snapshot file lost, say). Refuse to start instead."""
         applied = self.store.last_applied()
         if keep_from or not len(log_journal) or log_journal[0][1] <= applied + 1:
             return

@@ -52,6 +52,7 @@ def main() -> int:
                   f"--spares {args.spares} --groups {args.groups} --net {args.net}{' --no-faults' if args.no_faults else ''}")
             print("problems:\n  " + "\n  ".join(result.problems[:50]))
             print("last events:\n  " + "\n  ".join(result.tail))
+            print("last daemon log lines:\n  " + "\n  ".join(result.log_tail))
     if args.soak:
         print(f"soak seeds={len(seeds)} failed={failed} sim_hours={total_hours:.1f} wall_s={total_wall:.0f}")
         verdict = "FAIL" if failed else "PASS"

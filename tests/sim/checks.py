@@ -166,7 +166,8 @@ def check(history: History, stores: list[Any], archive_roots: list[str], end_us:
                                     f"(its run: {state})")
                 fire += every
     figures = {"creates": len(history.creates), "jobs_checked": created, "dispatches": len(dispatches),
-               "redeliveries": redeliveries, "acks_ok": len(ok_acks), "cancels": len(history.cancels),
+               "redeliveries": redeliveries, "acks_ok": len(ok_acks), "nacks": len(history.nacks),
+               "cancels": len(history.cancels),
                "runs_stored": len(runs), "runs_archived": len(old_runs)}
     return problems, figures
 

@@ -60,6 +60,7 @@ class Result:
     problems: list[str]
     figures: dict[str, Any]
     tail: list[str] = field(default_factory=list)
+    log_tail: list[str] = field(default_factory=list)  # the daemon's last log lines, simulated time and node
 
     def last_line(self) -> str:
         return f"verdict={self.verdict} sim_hours={self.sim_hours:g} digest={self.digest}"
@@ -172,7 +173,7 @@ class Simulation:
         for node in self.nodes:
             if node.http not in https or node.node is None or node.node.topology is None:
                 continue
-            if asker is not None and ((asker.host, node.host) in self.net.cut or (node.host, asker.host) in self.net.cut):
+            if asker is not None and not self.reachable(asker, node):
                 continue
             known = node.node.topology.meta.view()["nodes"].get(node_id)
             if known is not None:
@@ -320,7 +321,7 @@ class Simulation:
                 task.cancel()
         sim_hours = round(self.world.clock.elapsed_s / 3600.0, 3)
         return Result("FAIL" if problems else "PASS", sim_hours, self._hash.hexdigest()[:16], problems, figures,
-                      list(self._tail))
+                      list(self._tail), list(self.world.log_tail)[-80:])
 
     async def _converge(self) -> list[str]:
         """Wait for every replica of each group to have applied the same entries; their digests."""

@@ -169,7 +169,6 @@ class World:
     """The clock, the loop and the seeded randomness of one simulation run."""
 
     def __init__(self, seed: int) -> None:
-        self.seed = seed
         self.clock = SimClock()
         self.rng = random.Random(seed)  # the simulator's own draws (faults, network, workload)
         self.loop = asyncio.SelectorEventLoop(_SimSelector(self.clock))  # type: ignore[arg-type]

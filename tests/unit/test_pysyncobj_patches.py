@@ -492,4 +492,3 @@ def _cut_off_leader_hears_the_new_one(nets: list[Net], patched: bool) -> bool:
 def test_a_removal_that_never_committed_does_not_make_a_node_deaf(nets: list[Net]) -> None:
     assert not _cut_off_leader_hears_the_new_one(nets, patched=False)
     assert _cut_off_leader_hears_the_new_one(nets, patched=True)
-
