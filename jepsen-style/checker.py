@@ -27,7 +27,7 @@ the end (outcome ok, or nack when the seeded handler failed on purpose).
     nack            the previous execution nacked (seeded handler failure);
     worker_killed   the previous dispatch's worker incarnation was kill -9'd;
     worker_isolated a worker fault window on its slot overlaps that interval;
-    node_fault      a kill/pause/partition/clock/disk window, extended by one lease
+    node_fault      a kill/pause/partition/clock/disk/membership window, extended by one lease
                     + 2 s, overlaps it;
     lease_lost      the previous worker itself logged heartbeat failures or
                     rejections, a lost lease or an abandoned/rejected ack in it

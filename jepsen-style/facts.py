@@ -10,7 +10,10 @@ from typing import Any
 
 from wire import parse_us
 
-NODE_FAULT_KINDS = ("kill", "pause", "partition", "clock", "disk")
+# Faults that can hold up a group's commits or move its leader. Membership counts: its
+# variants kill -9 a node (dead-and-replaced holds it down past the dead-node timeout),
+# wipe one, or move replicas and leaders between nodes.
+NODE_FAULT_KINDS = ("kill", "pause", "partition", "clock", "disk", "membership")
 Occ = tuple[str, int]
 
 
