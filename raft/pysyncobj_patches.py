@@ -193,6 +193,72 @@ def commit_only_what_matched(replica: SyncObj) -> None:
     tcp._onMessageReceivedCallback = on_message
 
 
+def truncate_only_on_conflict(replica: SyncObj) -> None:
+    """A follower drops log entries only where the leader's differ (Raft's rule), never
+    because an append it already holds arrived again.
+
+    pysyncobj 0.3.17 deletes everything after an append's prevLogIdx and re-adds the
+    append's entries, whatever they are. An append that arrives again after later ones
+    (duplicated, or a resend from a nextIndex moved back) and carries fewer entries than
+    the follower holds cut off entries the follower had acknowledged: the leader had
+    counted them toward a commit, a new leader elected without them overwrote the index,
+    and the replica that had applied the old entry diverged (the deterministic
+    simulation's chaos network, seed 13). A late heartbeat (no entries) cut the log back
+    to its prevLogIdx the same way. The matching head of an append is dropped here; when
+    nothing in it is new, the follower keeps its log, answers for what the append
+    covered, and takes a commit index no further than that."""
+    tcp = transport(replica)
+    handle = tcp._onMessageReceivedCallback
+    delete_from = replica._SyncObj__deleteEntriesFrom
+    change_cluster = replica._SyncObj__doChangeCluster
+    keeping = [False]
+
+    def on_message(node: Any, message: dict[str, Any]) -> None:
+        if message.get("type") != "append_entries" or "prevLogIdx" not in message \
+                or message.get("transmission") is not None:
+            handle(node, message)
+            return
+        held = replica._SyncObj__raftLog
+        first, last = held[0][1], held[-1][1]
+
+        def term_at(idx: int) -> int | None:
+            return held[idx - first][2] if first <= idx <= last else None
+
+        matched, term = message["prevLogIdx"], message["prevLogTerm"]
+        if term_at(matched) != term:
+            handle(node, message)  # pysyncobj answers the mismatch (and truncates nothing)
+            return
+        entries = message.get("entries", [])
+        held_already = 0
+        while held_already < len(entries) and term_at(entries[held_already][1]) == entries[held_already][2]:
+            _, matched, term = entries[held_already]
+            held_already += 1
+        rest = entries[held_already:]
+        message = dict(message, entries=rest, prevLogIdx=matched, prevLogTerm=term)
+        if rest or matched == last:
+            handle(node, message)
+            return
+        message["commit_index"] = min(message["commit_index"], matched)
+        keeping[0] = True
+        try:
+            handle(node, message)
+        finally:
+            keeping[0] = False
+
+    def delete_unless_keeping(from_idx: int) -> None:
+        if not keeping[0]:
+            delete_from(from_idx)
+
+    def change_unless_keeping(request: Any, reverse: bool = False) -> Any:
+        if keeping[0] and reverse:
+            return None
+        return change_cluster(request, reverse)
+
+    replica._SyncObj__deleteEntriesFrom = delete_unless_keeping
+    replica._SyncObj__doChangeCluster = change_unless_keeping
+    tcp._onMessageReceivedCallback = on_message
+
+
 _REGULAR = b"\x00"  # pysyncobj's command type byte of a replicated call
 _MEMBERSHIP = b"\x02"  # ... and of a membership change: pickled [kind ('add' | 'rem'), node id, node]
 
@@ -229,27 +295,45 @@ def one_membership_change_at_a_time(replica: SyncObj) -> None:
 
 
 def no_votes_before_joining(replica: SyncObj) -> None:
-    """A replica started to join a running group grants no vote until its log holds the
-    entry that adds it.
+    """A replica started to join a running group grants no vote until it holds the entry
+    that adds it: in its log, or in a snapshot taken once it was a member.
 
     pysyncobj knows members by address only. A node removed from a group and later added
     back empty on the same address (a replacement, or a wiped disk) is still a voter in the
     old configuration of any member that missed the changes since, and with an empty log it
     votes for whoever asks: in the membership fuzz such a stale member won an election with
     its vote and committed entries at indexes the group had already committed differently.
-    Until the joiner has the entry adding it, it has nothing a vote could be judged by."""
+    Until the joiner has the entry adding it, it has nothing a vote could be judged by.
+    Whether it has is noted as the entry arrives (or a snapshot holding it is installed),
+    not looked for when a vote is asked: by then compaction may have taken the entry out
+    of the log, and a group whose joiners never vote again elects no leader (the
+    deterministic simulation, seed 14: two of three members were joiners)."""
     tcp = transport(replica)
     handle = tcp._onMessageReceivedCallback
+    change = replica._SyncObj__doChangeCluster
+    serializer = _serializer(replica)
+    deserialize = serializer.deserialize
     self_id = replica.selfNode.id
-    joined = [False]
+    joined = [any(membership_change(entry[0]) == ("add", self_id) for entry in raft_log(replica)[:])]
+
+    def changed(request: Any, reverse: bool = False) -> Any:
+        if request[0] == "add" and request[1] == self_id:
+            joined[0] = not reverse  # taken back when a new leader's log overwrites it
+        return change(request, reverse)
+
+    def installed() -> Any:
+        data = deserialize()
+        if any(getattr(node, "id", node) == self_id for node in data[3]):
+            joined[0] = True
+        return data
 
     def on_message(node: Any, message: dict[str, Any]) -> None:
         if message.get("type") == "request_vote" and not joined[0]:
-            joined[0] = any(membership_change(entry[0]) == ("add", self_id) for entry in raft_log(replica)[:])
-            if not joined[0]:
-                return
+            return
         handle(node, message)
 
+    replica._SyncObj__doChangeCluster = changed
+    serializer.deserialize = installed
     tcp._onMessageReceivedCallback = on_message
 
 
@@ -415,6 +499,7 @@ def fix_log_replication(replica: SyncObj, journal: DurableJournal) -> None:
     backtrack_to_commit_index(replica)
     keep_next_index_on_late_acks(replica)
     commit_only_what_matched(replica)
+    truncate_only_on_conflict(replica)
     one_membership_change_at_a_time(replica)
     hear_removed_nodes_until_committed(replica)
 

@@ -29,6 +29,11 @@ class Replica(SyncObj):
         super().__init__(addr, peers, conf, transportClass=lambda obj, node, others: Link(net, node))
         self.applied: list[Any] = []
 
+    def patched(self) -> None:
+        """Call once patches are in: what they set on the replica stays out of its snapshots
+        (pysyncobj's in-memory snapshot pickles the attributes set after it started)."""
+        self._SyncObj__properies.update(key for key in vars(self) if key != "applied")
+
     @replicated
     def add(self, item: Any) -> int:
         if self.before_apply is not None:

@@ -6,7 +6,8 @@ connects them, unless one side is down or a link between their machines is cut; 
 connection forms again a moment after it may. Over TCP a connection is FIFO and loses
 nothing while it lasts: a message is lost only with the connection it was on (a reset,
 a crash, a partition). The `chaos` mode drops that promise (messages are lost,
-duplicated and reordered one by one) to test the Raft logic beyond what TCP allows.
+duplicated and reordered one by one, a forwarded proposal never duplicated) to test
+the Raft logic beyond what TCP allows.
 
 Nothing ticks on its own (autoTick off). A replica ticks when a message reaches it,
 when something is proposed on it, at its next Raft deadline (heartbeat, election) and
@@ -27,6 +28,10 @@ from pysyncobj.transport import Transport
 from tests.sim.world import Stopped, World, current_node
 
 IDLE_TICK_S = 2.0
+# A proposal a follower forwards to its leader is appended once per copy that arrives:
+# like any Raft without client sessions, pysyncobj counts on its connection never to
+# deliver one twice, which TCP keeps. Chaos mode loses and reorders these, never copies.
+AT_MOST_ONCE = frozenset({"apply_command"})
 # A tick follows a message or a proposal this soon: the time a node takes to get to it.
 TICK_AFTER_S = 0.0005
 
@@ -317,7 +322,8 @@ class SimNet:
             if rng.random() < self.config.loss:
                 self.dropped += 1
                 return
-            copies += rng.random() < self.config.duplicate
+            duplicated = rng.random() < self.config.duplicate
+            copies += duplicated and message.get("type") not in AT_MOST_ONCE
         else:
             at = max(at, pair.tail.get(dst, 0.0))  # one TCP stream per direction: in order
             pair.tail[dst] = at

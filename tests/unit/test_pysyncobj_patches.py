@@ -492,3 +492,70 @@ def _cut_off_leader_hears_the_new_one(nets: list[Net], patched: bool) -> bool:
 def test_a_removal_that_never_committed_does_not_make_a_node_deaf(nets: list[Net]) -> None:
     assert not _cut_off_leader_hears_the_new_one(nets, patched=False)
     assert _cut_off_leader_hears_the_new_one(nets, patched=True)
+
+
+def _joiner_after_compaction(nets: list[Net], compacts: str) -> tuple[bool, list[str]]:
+    """A patched joiner gets the entry adding it, then that entry leaves its log: its own
+    compaction takes it, or the joiner catches up from the leader's snapshot. Does its log
+    still hold the entry, and what does it answer when asked for its vote?"""
+    net, (leader, b, c) = _cluster(None, dynamicMembershipChange=True)
+    nets.append(net)
+    net.elect(leader)
+    net.settle(2)
+    for i in range(3):
+        leader.add(i)
+    net.settle(2)
+    joiner = net.add("n4:1", ["n1:1", "n2:1", "n3:1"], conf(dynamicMembershipChange=True))
+    pysyncobj_patches.no_votes_before_joining(joiner)
+    joiner.patched()
+    if compacts == "leader":
+        net.cut.add("n4:1")
+    leader.addNodeToCluster("n4:1")
+    net.settle(3)
+    for i in range(3, 6):
+        leader.add(i)
+        net.settle(3)
+    compacting = joiner if compacts == "joiner" else leader
+    compacting.forceLogCompaction()
+    net.settle(3)
+    net.cut.clear()
+    for _ in range(10):
+        pysyncobj_patches.send_append_entries(leader)
+        net.settle(2)
+    assert joiner.applied == [0, 1, 2, 3, 4, 5]
+    held = any(pysyncobj_patches.membership_change(e[0]) == ("add", "n4:1") for e in pysyncobj_patches.raft_log(joiner)[:])
+    start = len(net.sent)
+    net.link(b).send(joiner.selfNode, {"type": "request_vote", "term": 99, "last_log_index": 99, "last_log_term": 99})
+    net.deliver()
+    return held, [m["type"] for src, dst, m in net.sent[start:] if src == "n4:1" and m["type"].endswith("vote")]
+
+
+@pytest.mark.parametrize("compacts", ["joiner", "leader"])
+def test_a_joiner_votes_once_the_entry_adding_it_was_compacted_away(nets: list[Net], compacts: str) -> None:
+    held, answers = _joiner_after_compaction(nets, compacts)
+    assert not held and answers == ["response_vote"]
+
+
+def _follower_log_end_after_a_late_append(nets: list[Net], patch: Callable[[Replica], None] | None) -> int:
+    """The leader sends two entries, one append each; the follower takes both, then the
+    first append again (a duplicate, or one reordered behind the second). How far does
+    the follower's log end move?"""
+    net, (leader, follower, other) = _cluster(patch)
+    nets.append(net)
+    net.elect(leader)
+    net.settle(2)
+    leader.add("a")
+    net.tick(leader)
+    leader.add("b")
+    net.tick(leader)
+    first = next(m for m in net.flight if m[1].address == "n2:1" and pysyncobj.pickle.loads(m[2]).get("entries"))
+    net.deliver(only=lambda src, dst, message: dst == "n2:1")
+    end = follower._SyncObj__raftLog[-1][1]
+    net.flight.append(first)
+    net.deliver(only=lambda src, dst, message: dst == "n2:1")
+    return int(follower._SyncObj__raftLog[-1][1]) - end
+
+
+def test_a_late_append_does_not_cut_entries_the_follower_holds(nets: list[Net]) -> None:
+    assert _follower_log_end_after_a_late_append(nets, None) == -1  # the entry it acknowledged is gone
+    assert _follower_log_end_after_a_late_append(nets, pysyncobj_patches.truncate_only_on_conflict) == 0
