@@ -92,7 +92,7 @@ def claim_created(ctx: Ctx, job: Record, now: int, grace_us: int, ahead_us: int)
 
 def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int, old_fire: int | None) -> Record:
     nxt = cron.next_after(job["schedule"], fire_us)
-    run = new_run(ctx, job, fire_us, now, fire_us + _jitter_us(job, fire_us, nxt))
+    run = new_run(ctx, job, fire_us, now, fire_us + _jitter_us(job, fire_us, nxt, ctx.version))
     _advance(ctx, job, nxt, old_fire, now)
     return run
 
@@ -219,11 +219,17 @@ def _new_run(ctx: Ctx, job: Record, scheduled_us: int, now: int, state: str, ava
     return run
 
 
-def _jitter_us(job: Record, fire_us: int, next_us: int | None) -> int:
-    """Deterministic start offset in [0, jitter_us], kept before the next occurrence."""
+def _jitter_us(job: Record, fire_us: int, next_us: int | None, version: int) -> int:
+    """Deterministic start offset in [0, jitter_us], kept before the next occurrence.
+
+    A jitter at or above the gap to the next occurrence is spread over that gap: clamping
+    the offset instead put every offset past the gap on its last microsecond, so the jobs
+    of one schedule all started at the same instant, one gap later."""
     spread = job["jitter_us"]
     if spread <= 0:
         return 0
+    if next_us is not None and version >= ops.JITTER_WITHIN_GAP_SINCE:
+        spread = min(spread, next_us - fire_us - 1)
     offset = zlib.crc32(f"{job['job_id']}:{fire_us}".encode()) % (spread + 1)
     return min(offset, next_us - fire_us - 1) if next_us is not None else offset
 

@@ -7,7 +7,7 @@ import pathlib
 import msgpack
 import pytest
 
-from schedulerd.storage import keys
+from schedulerd.storage import keys, ops
 from schedulerd.storage.layouts import RUNS
 from schedulerd.storage.model import JobState, RunState
 from schedulerd.storage.ops import Op
@@ -444,6 +444,25 @@ def test_jitter_is_deterministic_within_bounds_and_before_the_next_occurrence(d:
     other.create("j", {"kind": "every", "every_us": 60 * S, "anchor_us": T0}, jitter_us=10 * S)
     (run_id2,) = other.apply(Op.CLAIM_BATCH, now=T0 + 59 * S, claims=[["j", T0 + 60 * S]])["runs"]
     assert other.run(run_id2)["available_us"] - (T0 + 60 * S) == offset
+
+
+def _offsets_of_jobs_jittered_past_their_gap(d: Driver, version: int) -> list[int]:
+    """200 jobs every minute with an hour of jitter: each one's start offset past its occurrence."""
+    every_minute = {"kind": "every", "every_us": 60 * S, "anchor_us": T0}
+    for i in range(200):
+        d.create(f"j{i}", every_minute, jitter_us=3600 * S)
+    claims = [[f"j{i}", T0 + 60 * S] for i in range(200)]
+    runs = d.apply(Op.CLAIM_BATCH, version=version, now=T0 + 59 * S, claims=claims)["runs"]
+    return [d.run(run_id)["available_us"] - (T0 + 60 * S) for run_id in runs]
+
+
+def test_a_jitter_past_the_gap_spreads_starts_over_the_gap(d: Driver) -> None:
+    offsets = _offsets_of_jobs_jittered_past_their_gap(d, ops.VERSION)
+    assert all(0 <= o < 60 * S for o in offsets)
+    # Spread, not piled on the gap's last microsecond: most of the minute's 6-second bins hold some.
+    assert len({o // (6 * S) for o in offsets}) == 10 and offsets.count(60 * S - 1) <= 1
+    before = _offsets_of_jobs_jittered_past_their_gap(Driver(str(d.store.path) + "-old"), ops.JITTER_WITHIN_GAP_SINCE - 1)
+    assert before.count(60 * S - 1) > 190  # what entries of older versions still do on replay
 
 
 def test_history_keeps_the_newest_terminal_runs_and_all_dead_letters(d: Driver) -> None:
