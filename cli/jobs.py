@@ -54,8 +54,7 @@ def update(session: Session, job_id: str, **flags: Any) -> None:
 
     A new schedule is one of --at, --cron (with --tz), --every; the next fire
     time is recomputed from now. Any --backoff-* flag sends `backoff` with just
-    the parts given, and the server fills the others with its defaults, not
-    with the job's current values: to keep a part, give it again.
+    the parts given; the job keeps its current values of the others.
 
     \b
     Examples:

@@ -28,7 +28,7 @@ from prometheus_client.utils import floatToGoString
 from schedulerd.node import Node
 from schedulerd.raft.group import Group
 from schedulerd.storage import queries
-from schedulerd.storage.model import RunState
+from schedulerd.storage.model import SKIP_REASONS, RunState
 from schedulerd.storage.ops import Op
 from schedulerd.units import US_PER_S
 
@@ -47,8 +47,9 @@ class Metrics:
                             "(claimed, leased, acked, nacked, retried, dead_lettered, lease_expired, "
                             "cancelled, redriven, purged, discarded).", ["event"], registry=r)
         self.skipped = Counter("schedulerd_runs_skipped", "Occurrences recorded as skipped instead of run, by "
-                               "reason (misfire_skip, overlap, deadline, catchup_limit, paused, rescheduled).",
-                               ["reason"], registry=r)
+                               f"reason ({', '.join(r.value for r in SKIP_REASONS)}).", ["reason"], registry=r)
+        for reason in SKIP_REASONS:  # every series from the start, so a rate() over it has a zero to begin at
+            self.skipped.labels(reason.value)
         self.expired = Counter("schedulerd_retention_deleted", "Jobs and runs deleted by their TTL on this "
                                "replica, by kind (job, run).", ["kind"], registry=r)
         self.lateness = BulkHistogram("schedulerd_dispatch_lateness_seconds",

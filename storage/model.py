@@ -59,6 +59,11 @@ class Reason(str, Enum):
     RESCHEDULED = "rescheduled"  # came due before a PATCH of the schedule and was not claimed
 
 
+# The reasons a `skipped` run carries (the others are a cancelled or dead-lettered run's).
+SKIP_REASONS = (Reason.MISFIRE_SKIP, Reason.CATCHUP_LIMIT, Reason.DEADLINE, Reason.OVERLAP, Reason.PAUSED,
+                Reason.RESCHEDULED)
+
+
 R, J = RunState, JobState
 
 RUN_TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {

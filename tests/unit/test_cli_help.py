@@ -30,3 +30,10 @@ def test_completion_scripts_are_printed_for_each_shell() -> None:
     for shell, marker in (("bash", "complete -o nosort -F"), ("zsh", "compdef"), ("fish", "complete --no-files")):
         result = CliRunner().invoke(schedctl, ["completion", shell])
         assert result.exit_code == 0 and marker in result.output and "_SCHEDCTL_COMPLETE" in result.output
+
+
+def test_update_help_says_backoff_parts_not_given_keep_the_jobs_values() -> None:
+    """As apply does (test_semantics: updates of different backoff parts both land)."""
+    text = " ".join(CliRunner().invoke(schedctl, ["update", "--help"]).output.split())
+    assert "the job keeps its current values of the others" in text
+    assert "defaults" not in text
