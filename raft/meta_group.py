@@ -182,7 +182,7 @@ class MetaGroup:
 
     def propose(self, command: dict[str, Any], loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Commit one command; the future resolves with its result on this replica."""
-        fut, done = proposals.callback(loop, f"{command.get('op')}: ")
+        fut, done = proposals.callback(loop, f"{command.get('op')}: the metadata group ")
         self.replica.apply_command(codec.pack(command), callback=done)
         return fut
 

@@ -17,17 +17,18 @@ class ProposalFailed(Exception):
 
 
 FAILURES = {
-    FAIL_REASON.QUEUE_FULL: ("command queue full", False),
-    FAIL_REASON.MISSING_LEADER: ("no leader", False),
-    FAIL_REASON.NOT_LEADER: ("leader changed", False),
+    FAIL_REASON.QUEUE_FULL: ("is overloaded: its queue of proposals is full", False),
+    FAIL_REASON.MISSING_LEADER: ("has no leader: fewer than a quorum of its nodes are up and in reach of each "
+                                 "other", False),
+    FAIL_REASON.NOT_LEADER: ("changed leader", False),
     # A proposal only pysyncobj_patches.vet_as_leader_appends refuses.
-    FAIL_REASON.REQUEST_DENIED: ("refused by the leader: its entry version is newer than a voter reads "
-                                 "(a rolling upgrade is under way)", False),
-    FAIL_REASON.DISCARDED: ("entry discarded by a new leader", False),
-    FAIL_REASON.LEADER_CHANGED: ("leader changed before commit", True),
+    FAIL_REASON.REQUEST_DENIED: ("refused it: its entry version is newer than a voter reads (a rolling "
+                                 "upgrade is under way)", False),
+    FAIL_REASON.DISCARDED: ("dropped it when a new leader took over", False),
+    FAIL_REASON.LEADER_CHANGED: ("changed leader before it was confirmed", True),
 }
 # A membership change or a leadership transfer pysyncobj refuses.
-CHANGE_REFUSED = ("refused: another change of this group is not committed yet, the node is already (or not) "
+CHANGE_REFUSED = ("refused it: another change of this group is not committed yet, the node is already (or not) "
                   "a member, a leader cannot remove itself, or a leadership target is not caught up")
 
 
@@ -48,7 +49,7 @@ def callback(loop: asyncio.AbstractEventLoop, what: str = "", change: bool = Fal
         if change and error == FAIL_REASON.REQUEST_DENIED:
             reason, maybe = CHANGE_REFUSED, False
         else:
-            reason, maybe = FAILURES.get(error, (f"outcome unknown (reason {error})", True))
+            reason, maybe = FAILURES.get(error, (f"gave no outcome (pysyncobj reason {error})", True))
         fut.set_exception(ProposalFailed(f"{what}{reason}", maybe))
 
     def post(result: Any, error: int) -> None:
@@ -71,6 +72,6 @@ def change_members(replica: SyncObj, kind: str, address: str, loop: asyncio.Abst
     change = {"add": replica.addNodeToCluster, "remove": replica.removeNodeFromCluster}.get(kind)
     if change is None:
         raise ValueError(f"kind must be add or remove, not {kind!r}")
-    fut, done = callback(loop, f"{kind} {address}: ", change=True)
+    fut, done = callback(loop, f"{kind} {address}: the group ", change=True)
     change(address, callback=done)
     return fut

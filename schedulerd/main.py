@@ -16,11 +16,12 @@ import click
 import uvloop
 from aiohttp import web
 
-from schedulerd import auth, join, jobspec, logfmt
+from schedulerd import auth, datadir_lock, join, jobspec, logfmt
 from schedulerd.api.app import make_app, server_options
 from schedulerd.auth import TokenFile
 from schedulerd.clock import Clock
 from schedulerd.config import NodeConfig
+from schedulerd.datadir_lock import DataDirInUse
 from schedulerd.destinations import DestinationPolicy
 from schedulerd.errors import SchedulerError
 from schedulerd.gctune import tune_gc
@@ -184,6 +185,7 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
         raise click.UsageError("--join and --peers exclude each other: first nodes name their --peers, "
                                "a node added later joins")
     join_token = _read_secret(join_token_file) if join_token_file else None
+    _hold_data_dir(data_dir)
     meta_peers = _join_meta_peers(joining, join_token, data_dir, groups)
     try:
         config = NodeConfig(raft=RaftConfig(self_addr=raft_addr, peers=peer_list, data_dir=data_dir,
@@ -206,6 +208,14 @@ def cli(ctx: click.Context, data_dir: str, http_addr: str, raft_addr: str | None
                     "store only grows; jobs may still set finished_ttl_s")
     tune_gc()
     uvloop.run(serve(config, Clock(offset_file=clock_offset_file), tokens, _tls_context(tls_cert, tls_key)))
+
+
+def _hold_data_dir(data_dir: str) -> None:
+    """Take the data dir for the life of this process, or stop with one line naming its holder."""
+    try:
+        datadir_lock.hold(data_dir)  # the fd stays open, and the lock held, until the process ends
+    except DataDirInUse as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _join_meta_peers(urls: tuple[str, ...], token: str | None, data_dir: str, groups: int) -> tuple[str, ...]:
@@ -388,7 +398,7 @@ def restore(backup_path: str, data_dir: str, group: int) -> None:
     Example:
         schedulerd restore --from /backups/sched-2026-11-30.snap --data-dir /var/lib/schedulerd
     """
-    os.makedirs(data_dir, exist_ok=True)
+    _hold_data_dir(data_dir)
     taken = sorted(name for name in os.listdir(data_dir) if name.startswith(f"group-{group}."))
     if taken:
         raise click.ClickException(f"{data_dir} already holds {', '.join(taken)}: restore needs an empty data "

@@ -30,6 +30,9 @@ def of_request(request: web.Request) -> str:
         raise InvalidRequest(f"{HEADER} must be 1-64 characters of A-Z a-z 0-9 _ . -")
     principal = request.get(auth.PRINCIPAL)
     if isinstance(principal, auth.Principal) and not principal.may_use(namespace):
+        if HEADER not in request.headers:  # the token's own namespaces are no secret to its holder
+            raise NotFound(f"this token may not use the {DEFAULT!r} namespace, which a request without an {HEADER} "
+                           f"header is in: send {HEADER} with one of {', '.join(sorted(principal.namespaces))}")
         raise NotFound(f"no namespace {namespace!r}")
     return namespace
 

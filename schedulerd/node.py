@@ -184,12 +184,15 @@ class Node:
         try:
             return await asyncio.wait_for(fut, self.config.propose_timeout_s)
         except ProposalFailed as exc:
+            what = ops.WHAT[op]
             if exc.maybe_applied:
-                raise OutcomeUnknown(f"{op.name}: {exc}; it may have been applied — retry with the same id") from None
-            raise Unavailable(f"{op.name} not committed: {exc}") from None
+                raise OutcomeUnknown(f"{what} may have been saved or not ({exc}): retry it with the same id or "
+                                     "idempotency key") from None
+            raise Unavailable(f"{what} was not saved: group {group.group_id} {exc}") from None
         except asyncio.TimeoutError:
-            raise OutcomeUnknown(f"{op.name} not committed within {self.config.propose_timeout_s}s "
-                                 "(no quorum?); it may still be applied — retry with the same id") from None
+            raise OutcomeUnknown(f"{ops.WHAT[op]} was not confirmed within {self.config.propose_timeout_s:g}s (is "
+                                 "a quorum of the nodes up?); it may still be saved: retry it with the same id or "
+                                 "idempotency key") from None
 
 
 _RUN_EVENTS = {Op.NACK: "run_nacked", Op.REDRIVE_RUN: "run_redriven", Op.TRIGGER_JOB: "run_triggered"}

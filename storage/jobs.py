@@ -54,8 +54,9 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                     results.append({"job_id": job_id, **records.rejected(
                         "conflict", f"idempotency key {idem!r} was used for a different request")})
                 continue
-        if records.job_exists(ctx, job_id):
-            results.append({"job_id": job_id, **records.rejected("conflict", f"job {job_id!r} already exists")})
+        existing = records.get_job(ctx, job_id)
+        if existing is not None:
+            results.append({"job_id": job_id, **records.rejected("conflict", _exists_message(existing, now))})
             continue
         records.mark_job_new(ctx, job_id)
         job = dict(defaults, **spec)
@@ -84,6 +85,16 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     reasons: dict[str, int] = {}
     skipped = claims.sort_made(made, queued, reasons)
     return {"results": results, "runs": queued, "skipped": skipped, "skipped_reasons": reasons}
+
+
+def _exists_message(job: Record, now: int) -> str:
+    """Why a create of this id is refused, and for a finished job how to free the id."""
+    job_id = job["job_id"]
+    state = JobState.SCHEDULED.value if claims.one_off_ahead(job, now) else job["state"]
+    if state in (JobState.CANCELLED.value, JobState.COMPLETED.value):
+        return (f"job {job_id!r} already exists and is {state}; purge it to create the id again "
+                f"(DELETE /v1/jobs/{{id}}?purge=true, schedctl cancel --purge)")
+    return f"job {job_id!r} already exists ({state})"
 
 
 def _retain(job: Record, default_ttl_us: int) -> None:

@@ -99,6 +99,17 @@ class Op(IntEnum):
     SWEEP_EXPIRED = 17
 
 
+# What each command does, in the words of an error a user reads ("the create was not saved").
+WHAT: dict[Op, str] = {
+    Op.CREATE_JOBS: "the create", Op.CANCEL_JOB: "the cancel", Op.CLAIM_BATCH: "claiming due runs",
+    Op.LEASE_BATCH: "handing out tasks", Op.HEARTBEAT: "the heartbeat", Op.ACK: "the ack", Op.NACK: "the nack",
+    Op.EXPIRE_LEASES: "expiring leases", Op.PAUSE_JOB: "the pause", Op.RESUME_JOB: "the resume",
+    Op.UPDATE_JOB: "the update", Op.TRIGGER_JOB: "the trigger", Op.REDRIVE_RUN: "the re-drive",
+    Op.LEASE_READY: "handing out tasks", Op.PURGE_JOB: "the purge", Op.DISCARD_RUN: "the discard",
+    Op.SWEEP_EXPIRED: "the retention sweep",
+}
+
+
 class CorruptEntry(Exception):
     """An entry this code cannot read: the node must stop, not guess."""
 

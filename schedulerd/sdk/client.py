@@ -128,8 +128,9 @@ class Client:
     one that answered; a refused or dropped connection, a timeout or a 503
     moves on to the next; after a full round the client backs off (honouring
     `Retry-After`, capped) and goes round again until `timeout_s` has passed
-    since the call began. Then it raises the last error; when that was a
-    connection failure, `Unavailable("no server reachable: ...")`.
+    since the call began. Then it raises `Unavailable` naming what each server
+    did last: "no server reachable: ..." when none answered, "the cluster could
+    not serve this: ..." when some answered 503 (no leader, no quorum).
     A server that fails sends the client to the cluster's member list: the
     nodes `/v1/cluster` lists as serving are tried after the servers given
     (read at most every wire.MEMBERS_EVERY_S), so one URL of a cluster whose
@@ -421,7 +422,7 @@ class Client:
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         attempt_s = wait_s + POLL_MARGIN_S if wait_s else self.timeout_s * ATTEMPT_SHARE
         deadline = time.monotonic() + self.timeout_s + wait_s
-        unreachable: dict[str, str] = {}
+        outcomes: dict[str, str] = {}  # each server's last failure, for the error a call gives up with
         pauses = wire.backoff_s()
         last: Exception = Unavailable("no attempt was made before the deadline")
         while True:
@@ -434,31 +435,32 @@ class Client:
                 if read_s <= 0:
                     # The pause overslept the deadline (a loaded box), and a socket refuses a
                     # timeout of 0 or less.
-                    raise _give_up(last, unreachable)
+                    raise _give_up(last, outcomes)
                 try:
                     response = self._send(server, method, target, data, read_s, headers)
                 except _TransportError as exc:
-                    unreachable[server.url] = exc.reason
+                    outcomes[server.url] = exc.reason
                     last = exc
                 else:
-                    unreachable.pop(server.url, None)
+                    outcomes.pop(server.url, None)
                     if response.status != 503:
                         self._preferred = index
                         if text and 200 <= response.status < 300:
                             return response.body.decode("utf-8", errors="replace")
                         return _decode(response)
                     last = wire.error_from(503, response.body)
+                    outcomes[server.url] = f"answered 503: {last}"
                     retry_after_s = max(retry_after_s, response.retry_after_s)
                 if failures is not None:
                     failures.append(last)
                 if not retry_ambiguous and _maybe_applied([last]):
                     raise _outcome_unknown(server, last)
                 if time.monotonic() >= deadline:
-                    raise _give_up(last, unreachable)
+                    raise _give_up(last, outcomes)
                 self._learn_members(deadline)
             pause_s = max(next(pauses), min(retry_after_s, RETRY_AFTER_S_MAX))
             if time.monotonic() + pause_s >= deadline:
-                raise _give_up(last, unreachable)
+                raise _give_up(last, outcomes)
             time.sleep(pause_s)
 
     def _next_untried(self, tried: set[str]) -> int | None:
@@ -549,9 +551,16 @@ def _outcome_unknown(server: _Server, failure: Exception) -> OutcomeUnknown:
     return OutcomeUnknown(f"{server.url}: {reason}; the request may have been applied")
 
 
-def _give_up(last: Exception, unreachable: Mapping[str, str]) -> Exception:
-    """The error a call ends with: the last one, a connection failure spelled out."""
-    if isinstance(last, _TransportError):
-        where = "; ".join(f"{url}: {reason}" for url, reason in unreachable.items())
+def _give_up(last: Exception, outcomes: Mapping[str, str]) -> Exception:
+    """The error a call ends with once every server failed it: what each one did last.
+
+    A server that answered 503 is up but could not serve (its group had no leader, the
+    cluster no quorum): that, not a bare "unreachable", is what the user needs to read."""
+    if not isinstance(last, (_TransportError, Unavailable)) or not outcomes:
+        return last
+    where = "; ".join(f"{url}: {outcome}" for url, outcome in outcomes.items())
+    answered = sum(outcome.startswith("answered") for outcome in outcomes.values())
+    if not answered:
         return Unavailable(f"no server reachable: {where}")
-    return last
+    return Unavailable(f"the cluster could not serve this: {answered} of the {len(outcomes)} servers tried answered, "
+                       f"and none could do it ({where})")

@@ -121,6 +121,21 @@ def test_no_reachable_server_names_every_url():
         assert f"{url}: connection refused" in caught.value.message
 
 
+def test_a_cluster_without_quorum_is_told_apart_from_one_that_is_down(one):
+    """Two of three nodes down: the one left answers 503 (no leader); the error says it
+    answered and what, beside the refused connections."""
+    cluster, server = one
+    cluster.fail_next("POST", "/v1/jobs", UNAVAILABLE, times=1000)
+    down = [closed_port_url(), closed_port_url()]
+    with pytest.raises(Unavailable) as caught:
+        Client([server.url, *down], timeout_s=0.3).create_job({"job_id": "j1", "schedule": AT})
+    message = caught.value.message
+    assert message.startswith("the cluster could not serve this: 1 of the 3 servers tried answered")
+    assert f"{server.url}: answered 503: no leader for group 0" in message
+    for url in down:
+        assert f"{url}: connection refused" in message
+
+
 def test_a_failing_server_sends_the_client_to_the_nodes_the_cluster_lists(two):
     cluster, (a, b) = two
     cluster.nodes = [{"node_id": "a", "http": a.url.removeprefix("http://"), "state": "alive"},

@@ -39,8 +39,16 @@ def test_create_existing_id_is_a_conflict_and_changes_nothing(d: Driver) -> None
     d.create("a", AT)
     before = d.job("a")
     result = d.create("a", EVERY, payload_json='"other"')
-    assert result == {"job_id": "a", "ok": False, "code": "conflict", "message": "job 'a' already exists"}
+    assert result == {"job_id": "a", "ok": False, "code": "conflict", "message": "job 'a' already exists (scheduled)"}
     assert d.job("a") == before
+
+
+def test_creating_the_id_of_a_cancelled_job_says_so_and_how_to_free_the_id(d: Driver) -> None:
+    d.create("a", EVERY)
+    d.apply(Op.CANCEL_JOB, now=T0 + S, job_id="a")
+    message = d.create("a", EVERY)["message"]
+    assert message == ("job 'a' already exists and is cancelled; purge it to create the id again "
+                       "(DELETE /v1/jobs/{id}?purge=true, schedctl cancel --purge)")
 
 
 def test_one_off_in_the_past_fires_at_once(d: Driver) -> None:
