@@ -105,6 +105,12 @@ def preview_table(document: Mapping[str, Any], tz: str | None) -> str:
     return format_table(("FIRE_TIME", f"LOCAL ({tz})"), zip(times, local))
 
 
+def job_preview_table(document: Mapping[str, Any]) -> str:
+    rows = [(o["scheduled_time"], o["start_time"], o.get("run_id", "")) for o in document["occurrences"]]
+    return (f"job {document['job_id']} ({document['state']})\n"
+            + format_table(("SCHEDULED", "STARTS", "RUN_ID"), rows))
+
+
 def _zone(tz: str | None) -> ZoneInfo | None:
     if tz is None or tz == "UTC":
         return None

@@ -4,7 +4,8 @@ from __future__ import annotations
 import click
 
 from schedulerd.cli.live import follow_runs
-from schedulerd.cli.output import dead_letters_table, more_hint, preview_table, run_fields, runs_table
+from schedulerd.cli.output import (dead_letters_table, job_preview_table, more_hint, preview_table, run_fields,
+                                   runs_table)
 from schedulerd.cli.session import OneLineGroup, Session
 
 
@@ -93,24 +94,35 @@ def dead_letter_discard(session: Session, run_id: str) -> None:
 @click.argument("cron", required=False)
 @click.option("--tz", metavar="ZONE", help="Time zone of CRON, e.g. Europe/Berlin [UTC].")
 @click.option("--every", metavar="DURATION", help="Preview an interval instead, e.g. 90s.")
+@click.option("--from", "after", metavar="TIME", help="Fire times after this ISO 8601 instant [now].")
+@click.option("--job", "job_id", metavar="ID", help="Preview an existing job instead, its jitter applied.")
 @click.option("-n", "count", type=click.IntRange(min=1), default=10, show_default=True,
               help="How many fire times (the server allows up to 100).")
 @click.pass_obj
-def preview(session: Session, cron: str | None, tz: str | None, every: str | None,
-            count: int) -> None:
+def preview(session: Session, cron: str | None, tz: str | None, every: str | None, after: str | None,
+            job_id: str | None, count: int) -> None:
     """Show the next fire times of "CRON" (or --every DURATION) from now, as the
-    server computes them, DST rules included. Creates nothing.
+    server computes them, DST rules included, or an existing job's next
+    occurrences (--job ID). Creates nothing. CRON may be a shorthand: @hourly,
+    @daily, @weekly, @monthly, @yearly.
 
     \b
     Examples:
         schedctl preview '30 2 * * *' --tz Europe/Berlin -n 5
+        schedctl preview @daily --tz America/New_York --from 2027-03-13T00:00:00Z
         schedctl preview --every 90m
+        schedctl preview --job nightly-backup -n 3
     """
+    if job_id is not None:
+        if cron is not None or every is not None or tz is not None or after is not None:
+            raise click.UsageError("--job previews the job's own schedule: give no CRON, --every, --tz or --from")
+        session.show(session.client.preview_job(job_id, n=count), job_preview_table)
+        return
     if (cron is None) == (every is None):
-        raise click.UsageError('give exactly one of "CRON" or --every DURATION')
+        raise click.UsageError('give exactly one of "CRON", --every DURATION or --job ID')
     if tz is not None and cron is None:
         raise click.UsageError("--tz applies only to CRON")
-    document = session.client.preview(cron=cron, timezone=tz, every=every, n=count)
+    document = session.client.preview(cron=cron, timezone=tz, every=every, n=count, after=after)
     session.show(document, lambda doc: preview_table(doc, tz))
 
 

@@ -69,3 +69,6 @@ class Session:
 
     def show(self, document: Any, human: Callable[[Any], str]) -> None:
         click.echo(json.dumps(document, indent=2) if self.as_json else human(document))
+        if not self.as_json and isinstance(document, dict):
+            for warning in document.get("warnings", ()):  # the server accepted it, and has a word of advice
+                click.echo(f"warning: {warning}", err=True)

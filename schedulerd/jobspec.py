@@ -84,6 +84,15 @@ def parse_schedule(raw: Any, now_us: int, limits: Limits) -> dict[str, Any]:
     return schedule
 
 
+def schedule_warnings(schedule: dict[str, Any] | None) -> list[str]:
+    """What an answer that accepted this schedule should warn about (a fixed-offset zone
+    named where a region's local time was likely meant)."""
+    if schedule is None or schedule["kind"] != "cron":
+        return []
+    warning = cron.zone_warning(schedule["timezone"])
+    return [warning] if warning else []
+
+
 def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None = None) -> dict[str, Any]:
     """A user's job JSON -> the spec a create entry carries: job_id, schedule and the
     storage form of each option given. Apply fills in the others from SPEC_DEFAULTS."""

@@ -25,9 +25,13 @@ def _seconds(us: int | None) -> float | int | None:
 REDACTED = "(redacted)"
 
 
-def job(rec: dict[str, Any], headers_shown: bool = True) -> dict[str, Any]:
+def job(rec: dict[str, Any], headers_shown: bool = True,
+        last: tuple[dict[str, Any] | None, int | None] = (None, None)) -> dict[str, Any]:
     """headers_shown False: the values of the target's headers (credentials for the
-    endpoint it calls, often) are replaced by REDACTED, for callers who may only read."""
+    endpoint it calls, often) are replaced by REDACTED, for callers who may only read.
+    `last`: the run of the job's latest occurrence due, and when its latest success
+    finished (queries.last_runs)."""
+    last_run, last_success_us = last
     # Built in its outward form at once (as `outward` would leave it): a batch create
     # answers with up to create_batch_max of these.
     namespace, job_id = split(rec["job_id"])
@@ -53,6 +57,10 @@ def job(rec: dict[str, Any], headers_shown: bool = True) -> dict[str, Any]:
         "target": _target(rec.get("target"), headers_shown),
         "idempotency_key": rec.get("idempotency_key"),
         "next_fire_time": to_iso(rec["next_fire_us"]),
+        "last_run": None if last_run is None else {"run_id": last_run["run_id"],
+                                                   "scheduled_time": to_iso(last_run["scheduled_us"]),
+                                                   "state": last_run["state"]},
+        "last_success_time": to_iso(last_success_us),
         "created_at": to_iso(rec["created_us"]),
         "updated_at": to_iso(rec["updated_us"]),
         "namespace": namespace,

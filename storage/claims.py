@@ -92,7 +92,7 @@ def claim_created(ctx: Ctx, job: Record, now: int, grace_us: int, ahead_us: int)
 
 def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int, old_fire: int | None) -> Record:
     nxt = cron.next_after(job["schedule"], fire_us)
-    run = new_run(ctx, job, fire_us, now, fire_us + _jitter_us(job, fire_us, nxt, ctx.version))
+    run = new_run(ctx, job, fire_us, now, fire_us + start_offset_us(job, fire_us, nxt, ctx.version))
     _advance(ctx, job, nxt, old_fire, now)
     return run
 
@@ -219,7 +219,7 @@ def _new_run(ctx: Ctx, job: Record, scheduled_us: int, now: int, state: str, ava
     return run
 
 
-def _jitter_us(job: Record, fire_us: int, next_us: int | None, version: int) -> int:
+def start_offset_us(job: Record, fire_us: int, next_us: int | None, version: int) -> int:
     """Deterministic start offset in [0, jitter_us], kept before the next occurrence.
 
     A jitter at or above the gap to the next occurrence is spread over that gap: clamping

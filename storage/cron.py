@@ -54,17 +54,53 @@ class ScheduleError(ValueError):
     """The schedule cannot be used; the message says what is allowed."""
 
 
+# The shorthands of Vixie cron and Kubernetes CronJob; stored as the expression they stand for.
+ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
+           "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+# Zone abbreviations people write for a region's local time. tzdata knows some of them as
+# fixed offsets with no daylight saving time (EST is UTC-5 in July too); the others not at all.
+_FIXED_ABBREVIATIONS = {
+    "EST": "for New York's local time (EDT in summer) use 'America/New_York'",
+    "MST": "for Denver's local time (MDT in summer) use 'America/Denver'; Arizona, on MST all year, is "
+           "'America/Phoenix'",
+    "HST": "Hawaii keeps this offset all year: 'Pacific/Honolulu' names it, and follows any change of its rules",
+}
+_UNKNOWN_ABBREVIATIONS = {"PST": "America/Los_Angeles", "PDT": "America/Los_Angeles", "MDT": "America/Denver",
+                          "CST": "America/Chicago", "CDT": "America/Chicago", "EDT": "America/New_York",
+                          "BST": "Europe/London", "CET": "Europe/Berlin", "CEST": "Europe/Berlin",
+                          "IST": "Asia/Kolkata", "JST": "Asia/Tokyo", "AEST": "Australia/Sydney"}
+
+
 def zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a tzdata folder, a name too long
-        raise ScheduleError(f"unknown time zone {name!r}; use an IANA name like 'Europe/Berlin' or 'UTC'") from None
+        region = _UNKNOWN_ABBREVIATIONS.get(name.upper()) if isinstance(name, str) else None
+        example = f"{region!r} for the local time {name!r} is used for" if region else "'Europe/Berlin' or 'UTC'"
+        raise ScheduleError(f"unknown time zone {name!r}; use an IANA name like {example}") from None
+
+
+def zone_warning(name: str) -> str | None:
+    """What to tell someone who named a fixed-offset zone meaning a region's local time."""
+    advice = _FIXED_ABBREVIATIONS.get(name)
+    if advice is None:
+        return None
+    offset = zone(name).utcoffset(datetime(2000, 1, 1))
+    hours = int(offset.total_seconds() // 3600) if offset is not None else 0
+    return f"timezone {name!r} is a fixed offset (UTC{hours:+03d}:00) with no daylight saving time; {advice}"
 
 
 def check_cron(expr: str, tz: str) -> dict[str, Any]:
-    """Validate a cron expression (5 fields, or 6 with seconds first) and its zone."""
+    """Validate a cron expression (5 fields, 6 with seconds first, or a shorthand such as
+    @daily) and its zone."""
     if not isinstance(expr, str) or not expr.strip():
         raise ScheduleError("cron must be a non-empty string like '0 2 * * *'")
+    if expr.strip().startswith("@"):
+        alias = expr.strip().lower()
+        if alias not in ALIASES:
+            raise ScheduleError(f"cron {expr!r} is not a shorthand schedulerd knows; use one of "
+                                f"{', '.join(ALIASES)} or 5 fields like '0 2 * * *'")
+        expr = ALIASES[alias]
     fields = expr.split()
     if len(fields) not in (5, 6):
         raise ScheduleError(

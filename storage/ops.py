@@ -75,7 +75,7 @@ ARRAY_RECORDS_SINCE = 10
 #   recording them cancelled (claims.withdraw_ahead).
 PURGE_SINCE = RETENTION_SINCE = CANCEL_WITHDRAWS_SINCE = 11
 # Since 12: a jitter at or above the gap to the next occurrence spreads each start over
-# the gap (claims._jitter_us); before, most offsets were clamped to its last microsecond.
+# the gap (claims.start_offset_us); before, most offsets were clamped to its last microsecond.
 JITTER_WITHIN_GAP_SINCE = 12
 
 

@@ -11,7 +11,7 @@ import msgspec
 from schedulerd.storage import claims, keys, records
 from schedulerd.storage.codec import unpack
 from schedulerd.storage.layouts import JOBS
-from schedulerd.storage.model import JOB_SCHEDULED, JobState
+from schedulerd.storage.model import JOB_SCHEDULED, JobState, RunState
 from schedulerd.storage.records import Reader, Record
 from schedulerd.storage.tables import DB_NAMES, Tables
 
@@ -46,6 +46,29 @@ def as_seen(job: Record, now_us: int) -> Record:
     if claims.one_off_ahead(job, now_us):
         return dict(job, state=JOB_SCHEDULED, next_fire_us=job["schedule"]["at_us"])
     return job
+
+
+def last_runs(reader: Reader, job_id: str, now_us: int) -> tuple[Record | None, int | None]:
+    """The job's run of its latest occurrence due by now_us, and when its latest success
+    finished (None when none is kept): Kubernetes CronJob's lastScheduleTime and
+    lastSuccessfulTime, read from the runs the job's history keeps."""
+    prefix = keys.occurrence_prefix(job_id)
+    last: Record | None = None
+    with reader.txn.cursor(db=reader.tables.occurrences) as cur:
+        if not cur.set_range(keys.occurrence_key(job_id, now_us + 1)):
+            cur.last()
+        elif not cur.prev():
+            return None, None
+        for key, value in cur.iterprev():
+            if not key.startswith(prefix):
+                break
+            run = records.get_run(reader, value.decode())
+            if run is None:
+                continue
+            last = last or run
+            if run["state"] == RunState.SUCCEEDED.value:
+                return last, run["finished_us"]
+    return last, None
 
 
 def list_jobs(txn: lmdb.Transaction, t: Tables, *, state: str | None, queue: str | None, limit: int,

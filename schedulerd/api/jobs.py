@@ -54,14 +54,15 @@ async def create(request: web.Request) -> web.Response:
     (result,) = await _create(node, creates, [spec])
     if not result["ok"]:
         raise from_wire(result["code"], result["message"])
-    return views.respond(_created_view(node, result), status=200 if result.get("existing") else 201)
+    body = _warned(_created_view(node, result), spec["schedule"])
+    return views.respond(body, status=200 if result.get("existing") else 201)
 
 
 async def update(request: web.Request) -> web.Response:
     node = request.app[NODE]
     cfg = node.config
     limits = node.config.limits
-    job_id = _job_id(request)
+    job_id = job_id_of(request)
     raw = await inputs.body(request)
     unknown = sorted(raw.keys() - jobspec.OPTION_FIELDS)
     if unknown:
@@ -69,7 +70,7 @@ async def update(request: web.Request) -> web.Response:
                              f"{', '.join(sorted(jobspec.OPTION_FIELDS))}")
     if not raw:
         raise InvalidRequest("nothing to update: send at least one field")
-    current = _job_record(node, job_id)
+    current = job_record(node, job_id)
     changes = jobspec.parse_options(raw, node.now_us(), limits, backoff_base=current["backoff"])
     targets.check_destination(changes.get("target"), cfg.destinations)
     if changes.keys() & RETENTION:
@@ -79,7 +80,7 @@ async def update(request: web.Request) -> web.Response:
         changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
     await _job_command(node, Op.UPDATE_JOB, job_id, {
         "changes": changes, "audit": audit_note(request, f"update job {job_id}: {', '.join(sorted(raw))}")})
-    return views.respond(_job_view(node, job_id))
+    return views.respond(_warned(_job_view(node, job_id), changes.get("schedule")))
 
 
 async def pause(request: web.Request) -> web.Response:
@@ -96,7 +97,7 @@ async def trigger(request: web.Request) -> web.Response:
 
 async def _lifecycle(request: web.Request, op: Op, verb: str) -> web.Response:
     node = request.app[NODE]
-    job_id = _job_id(request)
+    job_id = job_id_of(request)
     result = await _job_command(node, op, job_id, {"audit": audit_note(request, f"{verb} job {job_id}")})
     if op == Op.TRIGGER_JOB:
         return views.respond({"run": views.run(result["run"])}, status=201)
@@ -204,6 +205,9 @@ async def create_batch(request: web.Request) -> web.Response:
             out["job"] = _created_view(node, r)
         return out
 
+    def warned(position: int, answer: dict[str, Any]) -> dict[str, Any]:
+        return _warned(answer, specs[position]["schedule"]) if answer.get("ok") else answer
+
     by_group: dict[int, list[int]] = {}
     for position, spec in enumerate(specs):
         by_group.setdefault(node.group_id_of_job(spec["job_id"]), []).append(position)
@@ -216,7 +220,7 @@ async def create_batch(request: web.Request) -> web.Response:
                                              count=len(here))
     answered: list[dict[str, Any]] = [{}] * len(specs)
     for position, r in zip(here, await _create(node, creates, [specs[p] for p in here])):
-        answered[position] = item(r)
+        answered[position] = warned(position, item(r))
     for group_id, positions in by_group.items():
         if group_id not in held:  # this share goes to a node that holds the group
             share = await forward.send_json(request, group_id, request.path_qs, {"jobs": [raw[p] for p in positions]})
@@ -230,7 +234,7 @@ async def create_batch(request: web.Request) -> web.Response:
 
 async def get(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    return views.respond(_job_view(node, _job_id(request), may_manage_jobs(request)))
+    return views.respond(_job_view(node, job_id_of(request), may_manage_jobs(request)))
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -252,11 +256,14 @@ async def list_jobs(request: web.Request) -> web.Response:
     bare_only = namespace == namespaces.DEFAULT
     shown = may_manage_jobs(request)
     for group in local:
+        now_us = node.now_us()
         with node.read(group) as (txn, tables):
             page, cursor = queries.list_jobs(txn, tables, state=state, queue=_queue_filter(request),
                                              limit=limit, after=after, scan_max=limits.list_scan_max,
-                                             now_us=node.now_us(), prefix=prefix, bare_only=bare_only)
-        items.extend((j["job_id"], views.job(j, shown)) for j in page)
+                                             now_us=now_us, prefix=prefix, bare_only=bare_only)
+            reader = records.Reader(txn, tables)
+            lasts = [queries.last_runs(reader, j["job_id"], now_us) for j in page]
+        items.extend((j["job_id"], views.job(j, shown, last)) for j, last in zip(page, lasts))
         if cursor is not None:
             stops.append(cursor)
     page_items, stop = await _merged_page(request, items, stops, limit, "jobs", elsewhere)
@@ -268,7 +275,7 @@ async def cancel(request: web.Request) -> web.Response:
     node = request.app[NODE]
     inputs.check_query(request, frozenset({"purge"}))
     purge = inputs.query_bool(request, "purge")
-    job_id = _job_id(request)
+    job_id = job_id_of(request)
     cancelling = audit_note(request, f"cancel job {job_id}")
     if not purge:
         await _job_command(node, Op.CANCEL_JOB, job_id, {"audit": cancelling})
@@ -296,7 +303,7 @@ async def job_runs(request: web.Request) -> web.Response:
     node = request.app[NODE]
     limits = node.config.limits
     inputs.check_query(request, inputs.PAGE_QUERY)
-    job_id = _job_id(request)
+    job_id = job_id_of(request)
     limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                              limit_name="page_size_max")
     cursor = request.query.get("cursor")
@@ -317,7 +324,13 @@ async def get_run(request: web.Request) -> web.Response:
     return views.respond(views.run(_visible_run(node, request, request.match_info["run_id"])[1]))
 
 
-def _job_id(request: web.Request) -> str:
+def _warned(body: dict[str, Any], schedule: dict[str, Any] | None) -> dict[str, Any]:
+    """The answer, with `warnings` when the schedule it accepted deserves one."""
+    warnings = jobspec.schedule_warnings(schedule)
+    return {**body, "warnings": warnings} if warnings else body
+
+
+def job_id_of(request: web.Request) -> str:
     """The stored id of the job the path names, in the request's namespace."""
     job_id = request.match_info["job_id"]
     if not jobspec.ID_RE.match(job_id):
@@ -382,7 +395,7 @@ async def _create(node: Node, creates: Coalescer, specs: list[dict[str, Any]]) -
 async def _finish(node: Node, job_id: str, audit: dict[str, Any]) -> None:
     """Cancel a job before its purge, unless it is cancelled, or completed with nothing
     left to cancel (which a cancel refuses as a conflict)."""
-    state = _job_record(node, job_id)["state"]
+    state = job_record(node, job_id)["state"]
     if state == JobState.CANCELLED:
         return
     result = await node.propose(node.group_of_job(job_id), Op.CANCEL_JOB, {"job_id": job_id, "audit": audit})
@@ -418,7 +431,7 @@ def _dead_letter_cursor(raw: str | None) -> tuple[int, str] | None:
     return int(head), run_id
 
 
-def _job_record(node: Node, job_id: str) -> dict[str, Any]:
+def job_record(node: Node, job_id: str) -> dict[str, Any]:
     with node.read(node.group_of_job(job_id)) as (txn, tables):
         rec = records.get_job(records.Reader(txn, tables), job_id)
     if rec is None:
@@ -427,7 +440,14 @@ def _job_record(node: Node, job_id: str) -> dict[str, Any]:
 
 
 def _job_view(node: Node, job_id: str, headers_shown: bool = True) -> dict[str, Any]:
-    return views.job(queries.as_seen(_job_record(node, job_id), node.now_us()), headers_shown)
+    now_us = node.now_us()
+    with node.read(node.group_of_job(job_id)) as (txn, tables):
+        reader = records.Reader(txn, tables)
+        rec = records.get_job(reader, job_id)
+        last = queries.last_runs(reader, job_id, now_us)
+    if rec is None:
+        raise NotFound(f"no job {job_id!r}")
+    return views.job(queries.as_seen(rec, now_us), headers_shown, last)
 
 
 def _created_view(node: Node, result: dict[str, Any]) -> dict[str, Any]:

@@ -59,6 +59,7 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
     placeholders, as OpenAPI does."""
     runs_page = page("runs", RUN)
     create = job_create(limits)
+    preview_n = _param("n", "query", {"type": "integer", "minimum": 1, "maximum": limits.preview_n_max})
     page_size = _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": limits.page_size_max,
                                           "default": min(100, limits.page_size_max)})
     return {
@@ -121,10 +122,17 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
             "get": {"summary": "Next fire times of a schedule (give cron or every), without creating a job",
                     "tags": ["jobs"],
                     "parameters": [_param("cron", "query", cron(limits)), _param("timezone", "query", TIMEZONE),
-                                   _param("every", "query", DURATION),
-                                   _param("n", "query", {"type": "integer", "minimum": 1,
-                                                         "maximum": limits.preview_n_max})],
-                    "responses": _ok("Fire times.", obj(fire_times={"type": "array", "items": TIME}))}},
+                                   _param("every", "query", DURATION), preview_n,
+                                   _param("from", "query", TIME, "Fire times after this instant (default: now).")],
+                    "responses": _ok("Fire times.", obj(fire_times={"type": "array", "items": TIME},
+                                                        warnings={"type": "array", "items": STR}))}},
+        "/v1/jobs/{job_id}/preview": {
+            "get": {"summary": "A job's next occurrences, each with the time its run becomes available (jitter "
+                               "applied)", "tags": ["jobs"], "parameters": [JOB_PARAM, preview_n],
+                    "responses": _ok("The next occurrences.", obj(
+                        job_id=STR, state={"enum": [s.value for s in JobState]},
+                        occurrences={"type": "array", "items": obj(scheduled_time=TIME, start_time=TIME,
+                                                                    run_id=STR)}))}},
         "/v1/tasks/poll": {
             "post": {"summary": "Long-poll for due tasks; each comes leased to this worker", "tags": ["workers"],
                      "requestBody": _body(obj(

@@ -145,7 +145,11 @@ JOB: Schema = {"type": "object", "properties": {
     "overlap_policy": STR, "backoff": {"type": "object"}, "timeout_s": {"type": ["number", "null"]},
     "jitter_s": {"type": "number"}, "history_limit": INT, "target": {"type": ["object", "null"]},
     "finished_ttl_s": {"type": "number"}, "history_ttl_s": {"type": "number"}, "keep_dead_letters": {"type": "boolean"},
-    "idempotency_key": nullable(STR), "next_fire_time": nullable(TIME), "created_at": TIME, "updated_at": TIME}}
+    "idempotency_key": nullable(STR), "next_fire_time": nullable(TIME), "created_at": TIME, "updated_at": TIME,
+    "last_run": {"type": ["object", "null"], "properties": {"run_id": STR, "scheduled_time": TIME,
+                                                             "state": {"enum": [s.value for s in RunState]}}},
+    "last_success_time": nullable(TIME),
+    "warnings": {"type": "array", "items": STR}}}
 RUN: Schema = {"type": "object", "properties": {
     "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "state": {"enum": [s.value for s in RunState]},
     "scheduled_time": TIME, "available_at": nullable(TIME), "attempt": INT, "max_attempts": INT,
@@ -160,7 +164,8 @@ ERROR: Schema = {"type": "object", "required": ["error"], "properties": {"error"
     "type": "object", "required": ["code", "message"], "properties": {"code": STR, "message": STR}}}}
 ITEM_RESULTS: Schema = {"type": "object", "properties": {"results": {"type": "array", "items": {
     "type": "object", "properties": {"run_id": STR, "job_id": STR, "ok": {"type": "boolean"},
-                                     "lease_until": TIME, "job": JOB, "error": ERROR["properties"]["error"]}}}}}
+                                     "lease_until": TIME, "job": JOB, "warnings": {"type": "array", "items": STR},
+                                     "error": ERROR["properties"]["error"]}}}}}
 LEASE_ITEM: Schema = {"type": "object", "required": ["run_id", "fence"],
                       "properties": {"run_id": {"type": "string", "minLength": 1, "maxLength": 256},
                                      "fence": FENCE}}

@@ -1,7 +1,9 @@
 """GET /v1/preview: the next fire times of a schedule, computed the way the state
-machine will compute them (storage/cron.py), without creating anything.
+machine will compute them (storage/cron.py), without creating anything; it reads no
+Raft state, so any node answers, leader or not, with its own clock.
 
-Reads no Raft state: any node answers, leader or not, with its own clock."""
+GET /v1/jobs/{id}/preview: an existing job's next occurrences, each with the time its
+run will become available (its jitter applied as a claim applies it)."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,13 +11,15 @@ from typing import Any
 from aiohttp import web
 
 from schedulerd import jobspec, timefmt, views
-from schedulerd.api import inputs
+from schedulerd.api import inputs, jobs
 from schedulerd.api.keys import NODE
-from schedulerd.errors import InvalidJob, LimitExceeded
-from schedulerd.storage import cron
+from schedulerd.errors import InvalidJob, LimitExceeded, NotFound
+from schedulerd.namespaces import split
+from schedulerd.storage import claims, cron, queries, records
 
 PREVIEW_N_DEFAULT = 10
-QUERY_PARAMS = frozenset({"cron", "timezone", "every", "n"})
+QUERY_PARAMS = frozenset({"cron", "timezone", "every", "n", "from"})
+JOB_QUERY_PARAMS = frozenset({"n"})
 
 
 async def preview(request: web.Request) -> web.Response:
@@ -23,10 +27,51 @@ async def preview(request: web.Request) -> web.Response:
     inputs.check_query(request, QUERY_PARAMS)
     query = dict(request.query)
     n = _count(query, node.config.limits.preview_n_max)
-    now_us = node.now_us()  # one reading: an every interval is anchored at it
-    schedule = jobspec.parse_schedule(_schedule_spec(query), now_us, node.config.limits)
-    fire_times = cron.preview(schedule, now_us, n)
-    return views.respond({"fire_times": [timefmt.to_iso(us) for us in fire_times]})
+    # One reading: an every interval is anchored at it, as a create at that instant would be.
+    start_us = _from(query) if "from" in query else node.now_us()
+    schedule = jobspec.parse_schedule(_schedule_spec(query), start_us, node.config.limits)
+    fire_times = cron.preview(schedule, start_us, n)
+    body: dict[str, Any] = {"fire_times": [timefmt.to_iso(us) for us in fire_times]}
+    warnings = jobspec.schedule_warnings(schedule)
+    if warnings:
+        body["warnings"] = warnings
+    return views.respond(body)
+
+
+async def job_preview(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    inputs.check_query(request, JOB_QUERY_PARAMS)
+    n = _count(dict(request.query), node.config.limits.preview_n_max)
+    job_id = jobs.job_id_of(request)
+    group = node.group_of_job(job_id)
+    now_us = node.now_us()
+    with node.read(group) as (txn, tables):
+        reader = records.Reader(txn, tables)
+        job = records.get_job(reader, job_id)
+        # Occurrences claimed ahead of their time already have their run, and the job's next
+        # fire time has moved past them.
+        ahead = [records.get_run(reader, run_id) for run_id in records.occurrence_runs(reader, job_id, n, now_us)]
+    if job is None:
+        raise NotFound(f"no job {split(job_id)[1]!r}")
+    occurrences = [{"scheduled_time": timefmt.to_iso(run["scheduled_us"]),
+                    "start_time": timefmt.to_iso(run["available_us"]), "run_id": run["run_id"]}
+                   for run in ahead if run is not None]
+    version = group.versions.writes()  # the rules the next claims will be applied by
+    fire_us = job["next_fire_us"]
+    while fire_us is not None and len(occurrences) < n:
+        next_us = cron.next_after(job["schedule"], fire_us)
+        start_us = fire_us + claims.start_offset_us(job, fire_us, next_us, version)
+        occurrences.append({"scheduled_time": timefmt.to_iso(fire_us), "start_time": timefmt.to_iso(start_us)})
+        fire_us = next_us
+    return views.respond({"job_id": split(job_id)[1], "state": queries.as_seen(job, now_us)["state"],
+                          "occurrences": occurrences})
+
+
+def _from(query: dict[str, str]) -> int:
+    try:
+        return timefmt.from_iso(query["from"])
+    except ValueError as exc:
+        raise InvalidJob(f"from: {exc}") from None
 
 
 def _schedule_spec(query: dict[str, str]) -> dict[str, Any]:

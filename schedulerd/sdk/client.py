@@ -335,11 +335,18 @@ class Client:
         timezone: str | None = None,
         every: str | None = None,
         n: int = 10,
+        after: str | None = None,
     ) -> dict[str, Any]:
         """The next `n` fire times of a cron (in `timezone`) or every schedule, from
-        the server's now: `{"fire_times": [...]}`. Creates nothing."""
-        query = {"cron": cron, "timezone": timezone, "every": every, "n": n}
+        the server's now or after the ISO 8601 instant `after`: `{"fire_times": [...]}`
+        (and `warnings`, for a zone that deserves one). Creates nothing."""
+        query = {"cron": cron, "timezone": timezone, "every": every, "n": n, "from": after}
         return self._request("GET", "/v1/preview", query=query)
+
+    def preview_job(self, job_id: str, n: int = 10) -> dict[str, Any]:
+        """An existing job's next `n` occurrences, each with the time its run becomes
+        available (jitter applied): `{"job_id", "state", "occurrences": [...]}`."""
+        return self._request("GET", f"/v1/jobs/{_part(job_id)}/preview", query={"n": n})
 
     def cluster(self) -> dict[str, Any]:
         return self._request("GET", "/v1/cluster")

@@ -73,8 +73,29 @@ def test_one_off_and_cron_jobs_run_via_the_sdk(make_cluster) -> None:
     assert len(times) == len(set(times)), "one run per occurrence"
     assert all(t.endswith("Z") and "." not in t for t in times), "cron fires on whole seconds"
 
+    # The job view says what ran last and when it last succeeded, as a CronJob's status does.
+    once_view = node.get("/v1/jobs/once")[1]
+    assert once_view["last_run"] == {"run_id": runs["runs"][0]["run_id"], "scheduled_time": once["next_fire_time"],
+                                     "state": "succeeded"}
+    assert once_view["last_success_time"] == runs["runs"][0]["finished_at"]
+    tick_view = node.get("/v1/jobs/tick")[1]
+    assert tick_view["last_run"]["scheduled_time"] <= tick_view["next_fire_time"]
+    assert tick_view["last_success_time"] is not None
+    status, preview = node.get("/v1/jobs/tick/preview?n=3")
+    assert status == 200 and preview["job_id"] == "tick" and preview["state"] == "scheduled"
+    starts = [o["scheduled_time"] for o in preview["occurrences"]]
+    assert len(starts) == 3 and starts == sorted(set(starts)) and starts[0] > tick_view["last_run"]["scheduled_time"]
+    assert all(o["start_time"] == o["scheduled_time"] for o in preview["occurrences"])  # no jitter
+
     status, cancelled = http("DELETE", node.url + "/v1/jobs/tick")
     assert status == 200 and cancelled["state"] == "cancelled" and cancelled["next_fire_time"] is None
+
+    # A shorthand is accepted; a fixed-offset zone named for a region's local time is warned about.
+    status, daily = node.post("/v1/jobs", {"job_id": "daily", "schedule": {"cron": "@daily", "timezone": "EST"}})
+    assert status == 201 and daily["next_fire_time"].endswith("T05:00:00Z")
+    assert daily["warnings"] == ["timezone 'EST' is a fixed offset (UTC-05:00) with no daylight saving time; for "
+                                 "New York's local time (EDT in summer) use 'America/New_York'"]
+    assert "warnings" not in node.get("/v1/jobs/daily")[1]
 
 
 def test_bad_input_is_a_clear_400_and_changes_nothing(make_cluster) -> None:

@@ -240,7 +240,19 @@ def preview(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
     n = int(query.get("n", "10"))
     if n > PREVIEW_N_MAX:
         raise FakeError(400, "limit_exceeded", f"n={n} is over preview_n_max ({PREVIEW_N_MAX})")
-    return 200, {"fire_times": [f"2026-01-01T00:{minute:02d}:00Z" for minute in range(1, n + 1)]}
+    doc: dict[str, Any] = {"fire_times": [f"2026-01-01T00:{minute:02d}:00Z" for minute in range(1, n + 1)]}
+    if query.get("timezone") == "EST":
+        doc["warnings"] = ["timezone 'EST' is a fixed offset"]
+    return 200, doc
+
+
+def job_preview(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+                body: Any) -> tuple[int, Any]:
+    job = _job(cluster, params["job_id"])
+    n = int(query.get("n", "10"))
+    return 200, {"job_id": job["job_id"], "state": job["state"], "occurrences": [
+        {"scheduled_time": f"2026-01-01T00:{minute:02d}:00Z", "start_time": f"2026-01-01T00:{minute:02d}:07Z"}
+        for minute in range(1, n + 1)]}
 
 
 def job_runs(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
@@ -338,6 +350,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
         ("GET", r"/v1/dead-letter", dead_letters),
         ("POST", r"/v1/runs/(?P<run_id>[^/]+)/retry", retry_run),
         ("GET", r"/v1/preview", preview),
+        ("GET", r"/v1/jobs/(?P<job_id>[^/]+)/preview", job_preview),
         ("POST", r"/v1/tasks/heartbeat", heartbeat_batch),
         ("POST", r"/v1/tasks/ack", ack_batch),
         ("GET", r"/v1/jobs/(?P<job_id>[^/]+)/runs", job_runs),

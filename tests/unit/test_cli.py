@@ -425,9 +425,27 @@ def test_preview_every_prints_utc_only_and_json_prints_the_document(one):
         {"every": "90s", "n": "1"}, {"cron": "* * * * *", "n": "10"}]
 
 
+def test_preview_from_an_instant_warns_on_stderr_and_previews_a_job(one):
+    cluster, server = one
+    result = run(server, "preview", "@daily", "--tz", "EST", "--from", "2027-03-13T00:00:00Z", "-n", "1")
+    assert result.stdout.splitlines()[0].startswith("FIRE_TIME")
+    assert result.stderr.splitlines() == ["warning: timezone 'EST' is a fixed offset"]
+    assert cluster.requests("GET", "/v1/preview")[0].query == {
+        "cron": "@daily", "timezone": "EST", "n": "1", "from": "2027-03-13T00:00:00Z"}
+    run(server, "create", "--id", "nightly", "--cron", "0 2 * * *")
+    assert run(server, "preview", "--job", "nightly", "-n", "2").stdout.splitlines() == [
+        "job nightly (scheduled)",
+        "SCHEDULED             STARTS                RUN_ID",
+        "2026-01-01T00:01:00Z  2026-01-01T00:01:07Z",
+        "2026-01-01T00:02:00Z  2026-01-01T00:02:07Z",
+    ]
+    assert_one_error_line(run(server, "preview", "--job", "nightly", "--every", "5s", code=2),
+                          "error: usage: --job previews the job's own schedule: give no CRON, --every, --tz or --from")
+
+
 @pytest.mark.parametrize("args, expected", [
-    ([], 'error: usage: give exactly one of "CRON" or --every DURATION'),
-    (["* * * * *", "--every", "5s"], 'error: usage: give exactly one of "CRON" or --every DURATION'),
+    ([], 'error: usage: give exactly one of "CRON", --every DURATION or --job ID'),
+    (["* * * * *", "--every", "5s"], 'error: usage: give exactly one of "CRON", --every DURATION or --job ID'),
     (["--every", "5s", "--tz", "UTC"], "error: usage: --tz applies only to CRON"),
     (["* * * * *", "-n", "0"], "error: usage: Invalid value for '-n': 0 is not in the range x>=1."),
 ])
