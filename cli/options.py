@@ -44,6 +44,10 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
         click.option("--cron", metavar="EXPR", help="Fire on this cron expression (5 or 6 fields)."),
         click.option("--tz", metavar="ZONE", help="Time zone of --cron, e.g. Europe/Berlin [UTC]."),
         click.option("--every", metavar="DURATION", help="Fire at this interval, e.g. 30s, 5m, 1h."),
+        click.option("--start-at", metavar="ISO8601",
+                     help="No occurrence of --cron or --every before this (an --every counts from it)."),
+        click.option("--end-at", metavar="ISO8601",
+                     help="No occurrence of --cron or --every after this; the job then completes."),
         click.option("--queue", default="default" if for_create else None,
                      show_default=for_create),
         click.option("--payload", metavar="JSON|@FILE", help="JSON payload, or @FILE to read it."),
@@ -109,6 +113,12 @@ def job_fields(flags: Mapping[str, Any], *, schedule_required: bool) -> dict[str
     fields: dict[str, Any] = {}
     schedule = _schedule(flags["at"], flags["cron"], flags["tz"], flags["every"],
                          required=schedule_required)
+    bounds = {name: _utc(flags[name], "--" + name.replace("_", "-"))
+              for name in ("start_at", "end_at") if flags[name] is not None}
+    if bounds:
+        if schedule is None or "at" in schedule:
+            raise click.UsageError("--start-at and --end-at bound a --cron or --every schedule, given with it")
+        schedule.update(bounds)
     if schedule is not None:
         fields["schedule"] = schedule
     if flags["payload"] is not None:
@@ -161,12 +171,16 @@ def _schedule(at: str | None, cron: str | None, tz: str | None, every: str | Non
         return {"every": every}
     if at is None:
         return None
+    return {"at": _utc(at, "--at")}
+
+
+def _utc(text: str, flag: str) -> str:
+    """Sent as UTC: the wire format is UTC, and a naive time is refused here rather than
+    guessed in some zone."""
     try:
-        # Sent as UTC: the wire format is UTC, and a naive time is refused here
-        # rather than guessed in some zone.
-        return {"at": str(timefmt.to_iso(timefmt.from_iso(at)))}
+        return str(timefmt.to_iso(timefmt.from_iso(text)))
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--at'") from None
+        raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
 
 
 def _payload(text: str) -> Any:

@@ -38,6 +38,9 @@ OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "mi
 CREATE_FIELDS = OPTION_FIELDS | {"job_id", "idempotency_key"}
 
 
+BOUNDS = frozenset({"start_at", "end_at"})  # of a cron or every schedule
+
+
 def parse_duration_us(text: Any, what: str = "schedule.every") -> int:
     """'90s', '5m', '1h30m', '250ms' -> microseconds; `what` names the value in errors."""
     if not isinstance(text, str) or not text:
@@ -58,30 +61,54 @@ def parse_schedule(raw: Any, now_us: int, limits: Limits) -> dict[str, Any]:
         raise InvalidJob("schedule must be exactly one of {\"at\": ISO8601}, "
                          "{\"cron\": EXPR, \"timezone\": ZONE} or {\"every\": DURATION}")
     if "at" in raw:
+        if raw.keys() & BOUNDS:
+            raise InvalidJob("schedule.start_at and end_at bound a cron or every schedule; a one-off has its own time")
         _only(raw, {"at"}, "schedule")
         try:
             return {"kind": "at", "at_us": from_iso(raw["at"])}
         except ValueError as exc:
             raise InvalidJob(f"schedule.at: {exc}") from None
+    bounds = _bounds(raw)
     if "every" in raw:
-        _only(raw, {"every"}, "schedule")
+        _only(raw, {"every", *BOUNDS}, "schedule")
         every = parse_duration_us(raw["every"])
         if not EVERY_US_MIN <= every <= EVERY_US_MAX:
             raise InvalidJob(f"schedule.every {raw['every']!r} must be between 1s and 366d")
-        return {"kind": "every", "every_us": every, "anchor_us": now_us}
-    _only(raw, {"cron", "timezone"}, "schedule")
-    if isinstance(raw["cron"], str) and len(raw["cron"]) > limits.cron_chars_max:
-        raise InvalidJob(f"schedule.cron is {len(raw['cron'])} characters; cron_chars_max is {limits.cron_chars_max}")
-    tz = raw.get("timezone", "UTC")
-    if not isinstance(tz, str):
-        raise InvalidJob("schedule.timezone must be an IANA zone name like 'Europe/Berlin'")
-    try:
-        schedule = cron.check_cron(raw["cron"], tz)
-    except cron.ScheduleError as exc:
-        raise InvalidJob(f"schedule: {exc}") from None
-    if cron.next_after(schedule, now_us) is None:
+        start = bounds.get("start_us")
+        # Anchored as apply will anchor it (jobs.anchored), so the checks below see its real times.
+        schedule = {"kind": "every", "every_us": every, "anchor_us": now_us if start is None else start - every,
+                    **bounds}
+    else:
+        _only(raw, {"cron", "timezone", *BOUNDS}, "schedule")
+        if isinstance(raw["cron"], str) and len(raw["cron"]) > limits.cron_chars_max:
+            raise InvalidJob(f"schedule.cron is {len(raw['cron'])} characters; cron_chars_max is "
+                             f"{limits.cron_chars_max}")
+        tz = raw.get("timezone", "UTC")
+        if not isinstance(tz, str):
+            raise InvalidJob("schedule.timezone must be an IANA zone name like 'Europe/Berlin'")
+        try:
+            schedule = {**cron.check_cron(raw["cron"], tz), **bounds}
+        except cron.ScheduleError as exc:
+            raise InvalidJob(f"schedule: {exc}") from None
+    if cron.first_fire(schedule, now_us) is None:
+        if "end_us" in bounds:
+            raise InvalidJob(f"schedule has no occurrence from now to end_at {raw['end_at']!r}")
         raise InvalidJob(f"schedule.cron {raw['cron']!r} never fires (a day that no month has?)")
     return schedule
+
+
+def _bounds(raw: dict[str, Any]) -> dict[str, int]:
+    """A schedule's start_at and end_at, as start_us and end_us (only those given)."""
+    out = {}
+    for name, key in (("start_at", "start_us"), ("end_at", "end_us")):
+        if name in raw:
+            try:
+                out[key] = from_iso(raw[name])
+            except ValueError as exc:
+                raise InvalidJob(f"schedule.{name}: {exc}") from None
+    if len(out) == 2 and out["end_us"] <= out["start_us"]:
+        raise InvalidJob(f"schedule.end_at ({raw['end_at']}) must be after start_at ({raw['start_at']})")
+    return out
 
 
 def schedule_warnings(schedule: dict[str, Any] | None) -> list[str]:

@@ -123,21 +123,29 @@ def first_fire(schedule: dict[str, Any], now_us: int) -> int | None:
     if kind == "at":
         return schedule["at_us"]
     if kind == "every":
-        return schedule["anchor_us"] + schedule["every_us"]
+        return next_after(schedule, schedule["anchor_us"])  # anchor + every, within the bounds
     return next_after(schedule, now_us)
 
 
 def next_after(schedule: dict[str, Any], after_us: int) -> int | None:
-    """The first occurrence strictly after after_us, or None when there is none."""
+    """The first occurrence strictly after after_us, or None when there is none.
+
+    A schedule's bounds (`start_us`, `end_us`, from entry version 13; both inclusive):
+    no occurrence before the first or after the second. An interval with a start counts
+    from it (jobs.anchored puts its anchor one interval before), so the start is its
+    first occurrence."""
     kind = schedule["kind"]
     if kind == "at":
         return schedule["at_us"] if schedule["at_us"] > after_us else None
+    start, end = schedule.get("start_us"), schedule.get("end_us")
+    if start is not None and after_us < start:
+        after_us = start - 1
     if kind == "every":
         every, anchor = schedule["every_us"], schedule["anchor_us"]
-        if after_us < anchor:
-            return anchor + every
-        return anchor + every * ((after_us - anchor) // every + 1)
-    return _cron_next(schedule["cron"], schedule["seconds"], schedule["timezone"], after_us)
+        nxt = anchor + every if after_us < anchor else anchor + every * ((after_us - anchor) // every + 1)
+    else:
+        nxt = _cron_next(schedule["cron"], schedule["seconds"], schedule["timezone"], after_us)
+    return None if nxt is None or (end is not None and nxt > end) else nxt
 
 
 def preview(schedule: dict[str, Any], after_us: int, n: int) -> list[int]:

@@ -113,8 +113,12 @@ def _retain(job: Record, default_ttl_us: int) -> None:
 
 def _anchored(schedule: dict[str, Any], now: int) -> dict[str, Any]:
     """An interval counts from the entry that creates (or reschedules) the job, so its grid
-    is exactly created_at/updated_at + k * every on every replica."""
-    return dict(schedule, anchor_us=now) if schedule["kind"] == "every" else schedule
+    is exactly created_at/updated_at + k * every on every replica; one with a start
+    (`start_us`) counts from that, its first occurrence."""
+    if schedule["kind"] != "every":
+        return schedule
+    start = schedule.get("start_us")
+    return dict(schedule, anchor_us=now if start is None else start - schedule["every_us"])
 
 
 def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:

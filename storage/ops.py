@@ -14,8 +14,8 @@ from schedulerd.storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 12
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+VERSION = 13
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -77,6 +77,10 @@ PURGE_SINCE = RETENTION_SINCE = CANCEL_WITHDRAWS_SINCE = 11
 # Since 12: a jitter at or above the gap to the next occurrence spreads each start over
 # the gap (claims.start_offset_us); before, most offsets were clamped to its last microsecond.
 JITTER_WITHIN_GAP_SINCE = 12
+# Since 13: a cron or every schedule may carry bounds, start_us and end_us (cron.next_after):
+# no occurrence outside them, an interval counts from its start, and past the end the job
+# completes. An older build would ignore them, so the API sends them only from here on.
+BOUNDS_SINCE = 13
 
 
 class Op(IntEnum):

@@ -75,6 +75,7 @@ async def update(request: web.Request) -> web.Response:
     targets.check_destination(changes.get("target"), cfg.destinations)
     if changes.keys() & RETENTION:
         node.require_entry_version(node.group_of_job(job_id), ops.RETENTION_SINCE, "a job's retention")
+    _bounded(node, node.group_of_job(job_id), changes.get("schedule"))
     jobspec.check_together({**current, **changes})
     if "queue" in changes:
         changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
@@ -358,13 +359,19 @@ def _in_namespace(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _retained(node: Node, spec: dict[str, Any]) -> None:
-    """A create naming its retention needs entries that carry it; until its group writes
-    them, one that names none is created without (it never expires)."""
-    if not spec.keys() & RETENTION:
-        return
+    """A create naming its retention, or a schedule's bounds, needs entries that carry them;
+    until its group writes them, one that names none is created without (it never expires)."""
     group = node.local_group(node.group_id_of_job(spec["job_id"]))
-    if group is not None:  # a holder elsewhere checks its own
+    if group is None:  # a holder elsewhere checks its own
+        return
+    if spec.keys() & RETENTION:
         node.require_entry_version(group, ops.RETENTION_SINCE, "a job's retention")
+    _bounded(node, group, spec.get("schedule"))
+
+
+def _bounded(node: Node, group: Group, schedule: dict[str, Any] | None) -> None:
+    if schedule is not None and schedule.keys() & {"start_us", "end_us"}:
+        node.require_entry_version(group, ops.BOUNDS_SINCE, "a schedule's start_at or end_at")
 
 
 def _visible_run(node: Node, request: web.Request, run_id: str) -> tuple[Group, dict[str, Any]]:

@@ -85,15 +85,20 @@ def _seconds(option: str, nullable_: bool = True) -> Schema:
 def cron(limits: Limits) -> Schema:
     return {"type": "string", "minLength": 1, "maxLength": limits.cron_chars_max,
             "examples": ["0 2 * * *", "*/15 9-17 * * 1-5"],
-            "description": "5 fields (minute hour day month weekday) or 6 (seconds first)"}
+            "description": "5 fields (minute hour day month weekday), 6 (seconds first), or a shorthand: "
+                           "@hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually"}
 
 
 def job_fields(limits: Limits) -> dict[str, Schema]:
-    schedule = {"description": "Exactly one of at, cron (+ timezone), every.", "oneOf": [
+    bounds = {"start_at": {**TIME, "description": "No occurrence before this (an every counts from it)."},
+              "end_at": {**TIME, "description": "No occurrence after this; the job then completes."}}
+    schedule = {"description": "Exactly one of at, cron (+ timezone), every; cron and every may be bounded.",
+                "oneOf": [
         {"type": "object", "required": ["at"], "additionalProperties": False, "properties": {"at": TIME}},
         {"type": "object", "required": ["cron"], "additionalProperties": False,
-         "properties": {"cron": cron(limits), "timezone": {**TIMEZONE, "default": "UTC"}}},
-        {"type": "object", "required": ["every"], "additionalProperties": False, "properties": {"every": DURATION}}]}
+         "properties": {"cron": cron(limits), "timezone": {**TIMEZONE, "default": "UTC"}, **bounds}},
+        {"type": "object", "required": ["every"], "additionalProperties": False,
+         "properties": {"every": DURATION, **bounds}}]}
     return {
         "job_id": {**nullable(JOB_ID), "description": "Yours; generated when absent or null."},
         "idempotency_key": {**IDEMPOTENCY_KEY, "description": "Same key + same body: 200 with the first job; "

@@ -80,6 +80,8 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
             "return [...document.querySelectorAll('#runs tr[data-run-id]')].map(r => r.dataset.state)")
             == ["succeeded"], 15, "nightly-report's run in the detail view")
         assert browser.run_js("return document.getElementById('detail-id').textContent") == "nightly-report"
+        wait_until(lambda: "last runsucceeded" in browser.run_js(
+            "return document.getElementById('detail-fields').textContent"), 10, "nightly-report's last run shown")
 
         dead = browser.run_js(
             "return [...document.querySelectorAll('#dead-letters tr[data-run-id]')].map(r => r.dataset.runId)")

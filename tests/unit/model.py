@@ -32,27 +32,30 @@ Rec = dict[str, Any]
 
 # -- schedules -------------------------------------------------------------------------
 
-def first_fire(schedule: Rec) -> int:
-    """A one-off fires at its time (even a past one); an interval counts from its anchor."""
+def first_fire(schedule: Rec) -> int | None:
+    """A one-off fires at its time (even a past one); an interval counts from its anchor
+    (one interval before its start, when it has one), within its bounds."""
     if schedule["kind"] == "at":
         return schedule["at_us"]
-    return schedule["anchor_us"] + schedule["every_us"]
+    return next_after(schedule, schedule["anchor_us"])
 
 
 def next_after(schedule: Rec, t: int) -> int | None:
-    """The first occurrence strictly after t."""
+    """The first occurrence strictly after t, and none outside the schedule's bounds."""
     if schedule["kind"] == "at":
         return schedule["at_us"] if schedule["at_us"] > t else None
     every, anchor = schedule["every_us"], schedule["anchor_us"]
+    start, end = schedule.get("start_us"), schedule.get("end_us")
+    if start is not None:
+        t = max(t, start - 1)
     k = 1 if t < anchor else (t - anchor) // every + 1
-    return anchor + k * every
+    nxt = anchor + k * every
+    return None if end is not None and nxt > end else nxt
 
 
-def next_at_or_after(schedule: Rec, t: int) -> int:
-    """The first occurrence time of an interval schedule at or after t."""
-    nxt = next_after(schedule, t - 1)
-    assert nxt is not None, "an interval schedule always has a next occurrence"
-    return nxt
+def next_at_or_after(schedule: Rec, t: int) -> int | None:
+    """The first occurrence time of an interval schedule at or after t (None past its end)."""
+    return next_after(schedule, t - 1)
 
 
 def backoff_bounds_us(backoff: Rec, attempt: int) -> tuple[int, int]:
@@ -132,7 +135,9 @@ class Model:
             self.jobs[spec["job_id"]] = job
             out.append((spec["job_id"], True, None))
             fire = job["next_fire_us"]
-            if ahead is not None and now - cmd["grace_us"] <= fire <= now + ahead:
+            if fire is None:
+                job["state"] = "completed"  # a bounded schedule already past its end
+            elif ahead is not None and now - cmd["grace_us"] <= fire <= now + ahead:
                 queued += [run["run_id"] for run in self._on_time(ids, job, fire, now) if run["state"] == "queued"]
         return (out, queued), all(not ok for _, ok, _ in out)
 
@@ -209,7 +214,7 @@ class Model:
             nxt = sched["at_us"] if self.entry_version >= ops.OVERDUE_RECORDED_SINCE else max(sched["at_us"], now)
         else:
             nxt = next_after(sched, now)
-        job.update(state="scheduled", next_fire_us=nxt)
+        job.update(state="scheduled" if nxt is not None else "completed", next_fire_us=nxt)  # past a bound's end
         return (True, None), False
 
     def update(self, index: int, cmd: Rec) -> tuple[Any, bool]:
@@ -230,8 +235,10 @@ class Model:
         job.update(changes)
         if "schedule" in changes and job["state"] != "paused":
             job["next_fire_us"] = first_fire(job["schedule"])
-            if job["state"] == "completed":
+            if job["state"] == "completed" and job["next_fire_us"] is not None:
                 job["state"] = "scheduled"
+            elif job["state"] == "scheduled" and job["next_fire_us"] is None:
+                job["state"] = "completed"  # a bounded schedule with nothing left
         return (True, None), False
 
     def trigger(self, index: int, cmd: Rec) -> tuple[Any, bool]:

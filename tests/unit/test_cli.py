@@ -66,6 +66,17 @@ def test_create_cron_sends_the_zone_and_defaults_to_utc(one):
     assert cluster.jobs["b"]["schedule"] == {"cron": "0 2 * * *", "timezone": "UTC"}
 
 
+def test_create_with_bounds_sends_them_in_utc_and_refuses_them_on_a_one_off(one):
+    cluster, server = one
+    run(server, "create", "--id", "q", "--every", "1h", "--start-at", "2027-01-01T09:00:00+01:00",
+        "--end-at", "2027-03-31T00:00:00Z")
+    assert cluster.jobs["q"]["schedule"] == {"every": "1h", "start_at": "2027-01-01T08:00:00Z",
+                                             "end_at": "2027-03-31T00:00:00Z"}
+    assert_one_error_line(run(server, "create", "--at", "2027-01-01T00:00:00Z", "--end-at", "2027-02-01T00:00:00Z",
+                              code=2),
+                          "error: usage: --start-at and --end-at bound a --cron or --every schedule, given with it")
+
+
 def test_create_every_with_payload_from_a_file_and_all_options(one, tmp_path):
     cluster, server = one
     payload_file = tmp_path / "payload.json"

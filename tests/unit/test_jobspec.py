@@ -95,3 +95,30 @@ def test_a_key_without_a_job_id_names_the_same_job_on_every_retry() -> None:
     assert parse_job(job, NOW, Limits(), idempotency_key="k-2")["job_id"] != first
     assert parse_job(dict(job, job_id="mine"), NOW, Limits(), idempotency_key="k-1")["job_id"] == "mine"
     assert parse_job(job, NOW, Limits())["job_id"] != parse_job(job, NOW, Limits())["job_id"]
+
+
+def _schedule(**raw: str) -> dict:
+    return parse_options({"schedule": raw}, NOW, Limits())["schedule"]
+
+
+def test_bounds_are_taken_for_cron_and_every_and_an_every_counts_from_its_start() -> None:
+    bounded = _schedule(cron="0 2 * * *", start_at="2027-01-01T00:00:00Z", end_at="2027-02-01T00:00:00Z")
+    assert (bounded["start_us"], bounded["end_us"]) == (1_798_761_600_000_000, 1_801_440_000_000_000)
+    every = _schedule(every="1h", start_at="2027-01-01T09:00:00Z")
+    assert every["anchor_us"] + every["every_us"] == every["start_us"] and "end_us" not in every
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"at": "2027-01-01T00:00:00Z", "end_at": "2027-02-01T00:00:00Z"},
+     "schedule.start_at and end_at bound a cron or every schedule; a one-off has its own time"),
+    ({"cron": "0 2 * * *", "start_at": "2027-02-01T00:00:00Z", "end_at": "2027-01-01T00:00:00Z"},
+     "schedule.end_at (2027-01-01T00:00:00Z) must be after start_at (2027-02-01T00:00:00Z)"),
+    ({"every": "1h", "end_at": "2020-01-01T00:00:00Z"},
+     "schedule has no occurrence from now to end_at '2020-01-01T00:00:00Z'"),
+    ({"cron": "0 2 * * *", "start_at": "tomorrow"}, "schedule.start_at: "),
+    ({"cron": "0 2 * * *", "stop_at": "2027-01-01T00:00:00Z"}, "stop_at"),
+])
+def test_bad_bounds_are_refused_clearly(raw: dict, message: str) -> None:
+    with pytest.raises(InvalidJob) as refused:
+        _schedule(**raw)
+    assert message in str(refused.value)

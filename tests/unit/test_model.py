@@ -78,6 +78,9 @@ TIME_STEPS = st.one_of(
 SCHEDULES = st.one_of(
     st.tuples(st.just("at"), st.sampled_from([-30 * S, -6 * S, -S, 0, S // 2, S, 3 * S, 10 * S])),
     st.tuples(st.just("every"), st.sampled_from([1 * S, 2 * S, 3 * S, 5 * S, 10 * S])),
+    # An interval with bounds (entry version 13): its every, when it starts and how long it lasts.
+    st.tuples(st.just("bounded"), st.tuples(st.sampled_from([1 * S, 2 * S, 5 * S]), st.sampled_from([-4 * S, 0, 3 * S]),
+                                            st.sampled_from([0, 4 * S, 20 * S]))),
 )
 BACKOFFS = st.sampled_from([{"base_ms": 1000, "factor": 2.0, "max_ms": 300_000},
                             {"base_ms": 200, "factor": 3.0, "max_ms": 1000}])
@@ -119,10 +122,14 @@ COUNTS = ("pending", "running", "runs")  # of job_stats; the rest says where pru
 VERSIONS = st.sampled_from([ops.VERSION] * 4 + [10, 9, 8, 7, 6, 3, 2, 1])
 
 
-def resolve(schedule: tuple[str, int], now: int) -> Rec:
+def resolve(schedule: tuple[str, Any], now: int) -> Rec:
     kind, value = schedule
     if kind == "at":
         return {"kind": "at", "at_us": now + value}
+    if kind == "bounded":
+        every, start, span = value
+        return {"kind": "every", "every_us": every, "anchor_us": now + start - every, "start_us": now + start,
+                "end_us": now + start + span}
     return {"kind": "every", "every_us": value, "anchor_us": now}
 
 
@@ -280,8 +287,10 @@ def check_transitions(before: Snapshot, after: Snapshot, now: int | None, op: Op
             assert job["state"] in ("scheduled", "completed"), f"job {job_id} born {job['state']}"
         else:
             move = (old["state"], job["state"])
-            # A pause that withdraws a completed job's run claimed ahead re-arms it, then pauses it.
-            two_steps = withdrew and move == ("completed", "paused")
+            # A pause that withdraws a completed job's run claimed ahead re-arms it, then pauses it;
+            # a resume of a bounded job past its end re-arms it and finds no occurrence left.
+            two_steps = (withdrew and move == ("completed", "paused")) or \
+                (op == Op.RESUME_JOB and move == ("paused", "completed"))
             assert move[0] == move[1] or move in LEGAL_JOB or two_steps, f"job {job_id}: illegal {move[0]} -> {move[1]}"
     for job_id in before.jobs.keys() - after.jobs.keys():
         assert op in (Op.PURGE_JOB, Op.SWEEP_EXPIRED) and before.jobs[job_id]["state"] in ("completed", "cancelled"), \
@@ -445,7 +454,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if align and job is not None and job["schedule"]["kind"] == "every":
             nxt, every = job["next_fire_us"], job["schedule"]["every_us"]
             target = self.now if nxt is None else max(self.now, nxt + ahead * every)
-            self.now = next_at_or_after(job["schedule"], target)
+            self.now = next_at_or_after(job["schedule"], target) or self.now
         self.propose(Op.TRIGGER_JOB, self.model.trigger, now=self.now, job_id=job_id)
 
     # -- claims -------------------------------------------------------------------------------

@@ -465,6 +465,36 @@ def test_a_jitter_past_the_gap_spreads_starts_over_the_gap(d: Driver) -> None:
     assert before.count(60 * S - 1) > 190  # what entries of older versions still do on replay
 
 
+def test_a_bounded_interval_starts_at_its_start_and_completes_after_its_end(d: Driver) -> None:
+    every = {"kind": "every", "every_us": 5 * S, "anchor_us": 0, "start_us": T0 + 12 * S, "end_us": T0 + 27 * S}
+    d.create("b", every)
+    assert d.job("b")["next_fire_us"] == T0 + 12 * S  # the start, whatever the entry's time
+    for now in range(T0 + 12 * S, T0 + 40 * S, 5 * S):
+        d.claim_due(now)
+    assert [r["scheduled_us"] - T0 for r in d.runs("b")] == [12 * S, 17 * S, 22 * S, 27 * S]
+    assert d.job("b")["state"] == "completed" and d.job("b")["next_fire_us"] is None
+
+
+def test_a_bounded_cron_has_no_occurrence_outside_its_bounds(d: Driver) -> None:
+    daily = {"kind": "cron", "cron": "0 2 * * *", "timezone": "UTC", "seconds": False}
+    start, end = from_iso("2027-01-10T00:00:00Z"), from_iso("2027-01-12T02:00:00Z")
+    d.create("c", {**daily, "start_us": start, "end_us": end}, now=from_iso("2027-01-01T00:00:00Z"))
+    assert d.job("c")["next_fire_us"] == from_iso("2027-01-10T02:00:00Z")
+    fired = []
+    for day in ("10", "11", "12"):
+        now = from_iso(f"2027-01-{day}T02:00:00Z")
+        fired += d.claim_due(now)
+    assert len(fired) == 3  # the end is inclusive: 02:00 on the 12th is the last
+    assert d.job("c")["state"] == "completed"
+
+
+def test_a_resume_past_the_end_completes_the_job(d: Driver) -> None:
+    d.create("p", {"kind": "every", "every_us": 5 * S, "anchor_us": 0, "start_us": T0, "end_us": T0 + 10 * S})
+    d.apply(Op.PAUSE_JOB, now=T0 + S, job_id="p")
+    d.apply(Op.RESUME_JOB, now=T0 + 11 * S, job_id="p")
+    assert (d.job("p")["state"], d.job("p")["next_fire_us"]) == ("completed", None)
+
+
 def test_history_keeps_the_newest_terminal_runs_and_all_dead_letters(d: Driver) -> None:
     d.create("e", EVERY5, history_limit=3, max_attempts=1)
     for k in range(1, 8):
