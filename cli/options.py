@@ -29,7 +29,7 @@ PLAIN_FIELDS = {
     "starting_deadline": "starting_deadline_s", "overlap": "overlap_policy",
     "timeout_s": "timeout_s", "jitter_s": "jitter_s", "history_limit": "history_limit",
     "idempotency_key": "idempotency_key", "finished_ttl_s": "finished_ttl_s", "history_ttl_s": "history_ttl_s",
-    "keep_dead_letters": "keep_dead_letters",
+    "keep_dead_letters": "keep_dead_letters", "max_runs": "max_runs",
 }
 # Parts of `backoff`; only the given ones are sent, the server fills the rest
 # (create) or keeps them (update).
@@ -79,6 +79,8 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
                      help="Start each occurrence up to this much later [0]."),
         click.option("--history-limit", type=_ints("history_limit"), metavar="N",
                      help="Finished runs kept [100]."),
+        click.option("--max-runs", type=_ints("max_runs"), metavar="N",
+                     help="Complete the job once N of its occurrences have run (triggers not counted)."),
         click.option("--finished-ttl-s", type=_ints("finished_ttl_s"), metavar="SECONDS",
                      help="Delete the job with its runs this long after it finished; 0: keep it "
                           "[the server's --finished-ttl]."),

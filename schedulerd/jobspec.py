@@ -34,7 +34,7 @@ TTL_S_MAX = 10 * 366 * 86_400  # ten years; 0 keeps forever
 RETENTION_FIELDS = {"finished_ttl_s", "history_ttl_s", "keep_dead_letters"}
 OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "misfire_policy", "catchup_limit",
                  "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit",
-                 "target"} | RETENTION_FIELDS
+                 "target", "max_runs"} | RETENTION_FIELDS
 CREATE_FIELDS = OPTION_FIELDS | {"job_id", "idempotency_key"}
 
 
@@ -156,7 +156,7 @@ def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None
 RANGES: dict[str, tuple[int, int]] = {
     "max_attempts": (1, 100), "priority": (0, 9), "catchup_limit": (1, 1000), "history_limit": (1, 10_000),
     "starting_deadline_s": (1, 604_800), "timeout_s": (1, 86_400), "jitter_s": (0, 86_400),
-    "finished_ttl_s": (0, TTL_S_MAX), "history_ttl_s": (0, TTL_S_MAX),
+    "finished_ttl_s": (0, TTL_S_MAX), "history_ttl_s": (0, TTL_S_MAX), "max_runs": (1, 1_000_000_000),
     "backoff.base_ms": (1, 3_600_000), "backoff.factor": (1, 10), "backoff.max_ms": (1, 86_400_000),
 }
 _INT_OPTIONS = ("max_attempts", "priority", "catchup_limit", "history_limit")
@@ -208,6 +208,9 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
         if not isinstance(raw["keep_dead_letters"], bool):
             raise InvalidJob("keep_dead_letters must be true or false")
         out["keep_dead_letters"] = raw["keep_dead_letters"]
+    if "max_runs" in raw:  # null lifts the limit
+        out["max_runs"] = None if raw["max_runs"] is None else _int_in(raw["max_runs"], "max_runs",
+                                                                       *RANGES["max_runs"])
     return out
 
 

@@ -93,8 +93,24 @@ def claim_created(ctx: Ctx, job: Record, now: int, grace_us: int, ahead_us: int)
 def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int, old_fire: int | None) -> Record:
     nxt = cron.next_after(job["schedule"], fire_us)
     run = new_run(ctx, job, fire_us, now, fire_us + start_offset_us(job, fire_us, nxt, ctx.version))
-    _advance(ctx, job, nxt, old_fire, now)
+    _advance(ctx, job, None if _count_run(job, run) else nxt, old_fire, now)
     return run
+
+
+def limit_reached(job: Record) -> bool:
+    """A limited job (`max_runs`) has made all the runs it may: it has no next occurrence."""
+    limit = job.get("max_runs")
+    return limit is not None and job.get("runs_made", 0) >= limit
+
+
+def _count_run(job: Record, run: Record) -> bool:
+    """Count a run made for one of a limited job's occurrences (`max_runs`, entry version
+    14); whether the limit is now reached, and the job done. A skipped occurrence did not run."""
+    limit = job.get("max_runs")
+    if limit is None or run["state"] != RUN_QUEUED:
+        return False
+    job["runs_made"] = job.get("runs_made", 0) + 1
+    return limit_reached(job)
 
 
 def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) -> list[Record]:
@@ -108,15 +124,19 @@ def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) ->
               MisfirePolicy.SKIP: []}[MisfirePolicy(policy)]
     run_set = set(to_run)
     release = now + zlib.crc32(job["job_id"].encode()) % BACKFILL_SPREAD_US
+    done = False
     for t in found.recent:
         if records.occurrence_taken(ctx, job["job_id"], t):
             continue  # a manual trigger or a run claimed ahead already stands for it
         if t in run_set:
             made.append(new_run(ctx, job, t, now, release))
             release += BACKFILL_SPACING_US
+            if _count_run(job, made[-1]):
+                done = True  # the occurrences after the last run a limited job may make are not its
+                break
         else:
             made.append(_skipped(ctx, job, t, now, Reason.MISFIRE_SKIP))
-    _advance(ctx, job, cron.next_after(job["schedule"], cutoff - 1), fire_us, now)
+    _advance(ctx, job, None if done else cron.next_after(job["schedule"], cutoff - 1), fire_us, now)
     return made
 
 
@@ -267,6 +287,10 @@ def withdraw_ahead(ctx: Ctx, job: Record, now: int) -> None:
         if run is None or run["trigger"] or run["state"] != RunState.QUEUED:
             continue
         records.delete_run(ctx, run)
+        if job.get("max_runs") is not None:
+            # Counted when claimed (an update withdraws before it sets a limit), and claimed
+            # again later: uncounted here.
+            job["runs_made"] = max(0, job.get("runs_made", 0) - 1)
         if earliest is None:
             earliest = run["scheduled_us"]
     if earliest is None:

@@ -26,7 +26,7 @@ SPEC_DEFAULTS: dict[str, Any] = {
 RETENTION = frozenset(JOB_RETENTION)  # from entry version 11
 UPDATABLE = frozenset({"schedule", "schedule_spec", "queue", "payload_json", "max_attempts", "priority",
                        "misfire_policy", "catchup_limit", "starting_deadline_us", "overlap_policy", "backoff",
-                       "timeout_us", "jitter_us", "history_limit", "target"}) | RETENTION
+                       "timeout_us", "jitter_us", "history_limit", "target", "max_runs"}) | RETENTION
 
 
 def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +190,8 @@ def resume_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     if job["state"] == JobState.PAUSED:
         now = cmd["now"]
         job.update(state=job_transition(job["state"], JobEvent.RESUME),
-                   next_fire_us=_rearm(job["schedule"], now, ctx.version >= ops.OVERDUE_RECORDED_SINCE),
+                   next_fire_us=None if claims.limit_reached(job) else
+                   _rearm(job["schedule"], now, ctx.version >= ops.OVERDUE_RECORDED_SINCE),
                    updated_us=now)
         if job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
@@ -237,8 +238,14 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             skipped = claims.skip_overdue(ctx, job, now, first, Reason.RESCHEDULED)
     old_fire, was = job["next_fire_us"], job["state"]
     job.update(changes, updated_us=now)
-    if "schedule" in changes and job["state"] != JobState.PAUSED:
-        job["next_fire_us"] = cron.first_fire(job["schedule"], now)
+    rearm = "schedule" in changes or ("max_runs" in changes and job["schedule"]["kind"] != "at")
+    if rearm and job["state"] != JobState.PAUSED:
+        if "schedule" in changes:
+            job["next_fire_us"] = cron.first_fire(job["schedule"], now)
+        elif job["state"] == JobState.COMPLETED:  # a limit raised or lifted: on from now
+            job["next_fire_us"] = cron.next_after(job["schedule"], now)
+        if claims.limit_reached(job):
+            job["next_fire_us"] = None
         if job["state"] == JobState.COMPLETED and job["next_fire_us"] is not None:
             job["state"] = job_transition(job["state"], JobEvent.REARM)
         elif job["state"] == JobState.SCHEDULED and job["next_fire_us"] is None:

@@ -14,8 +14,8 @@ from schedulerd.storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 13
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13})
+VERSION = 14
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -81,6 +81,11 @@ JITTER_WITHIN_GAP_SINCE = 12
 # no occurrence outside them, an interval counts from its start, and past the end the job
 # completes. An older build would ignore them, so the API sends them only from here on.
 BOUNDS_SINCE = 13
+# Since 14: a job may carry max_runs. Each run made for one of its occurrences (not a
+# trigger, not a skipped one) counts in runs_made, a run withdrawn uncounts; once it
+# reaches max_runs the job completes, and a PATCH of max_runs completes or re-arms it
+# (claims.limit_reached).
+MAX_RUNS_SINCE = 14
 
 
 class Op(IntEnum):

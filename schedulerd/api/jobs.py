@@ -49,7 +49,7 @@ async def create(request: web.Request) -> web.Response:
     spec = _in_namespace(namespace, jobspec.parse_job(await inputs.body(request), now, limits,
                                                       request.headers.get("Idempotency-Key")))
     targets.check_destination(spec.get("target"), cfg.destinations)
-    _retained(node, spec)
+    _versions_carry(node, spec)
     spec["audit"] = audit_note(request, f"create job {spec['job_id']}")
     (result,) = await _create(node, creates, [spec])
     if not result["ok"]:
@@ -75,7 +75,7 @@ async def update(request: web.Request) -> web.Response:
     targets.check_destination(changes.get("target"), cfg.destinations)
     if changes.keys() & RETENTION:
         node.require_entry_version(node.group_of_job(job_id), ops.RETENTION_SINCE, "a job's retention")
-    _bounded(node, node.group_of_job(job_id), changes.get("schedule"))
+    _check_new_fields(node, node.group_of_job(job_id), changes.get("schedule"), changes)
     jobspec.check_together({**current, **changes})
     if "queue" in changes:
         changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
@@ -189,7 +189,7 @@ async def create_batch(request: web.Request) -> web.Response:
         try:
             specs.append(_in_namespace(namespace, jobspec.parse_job(job, now, limits)))
             targets.check_destination(specs[-1].get("target"), cfg.destinations)
-            _retained(node, specs[-1])
+            _versions_carry(node, specs[-1])
         except SchedulerError as exc:
             # The whole batch is refused; say which job, so a file import can point at it.
             named = f" (job_id {job.get('job_id')!r})" if isinstance(job, dict) and job.get("job_id") else ""
@@ -358,20 +358,25 @@ def _in_namespace(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def _retained(node: Node, spec: dict[str, Any]) -> None:
-    """A create naming its retention, or a schedule's bounds, needs entries that carry them;
-    until its group writes them, one that names none is created without (it never expires)."""
+def _versions_carry(node: Node, spec: dict[str, Any]) -> None:
+    """A create naming its retention, a schedule's bounds or max_runs needs entries of the
+    versions that carry them (409 until its group writes them); one naming no retention is
+    created without (it never expires)."""
     group = node.local_group(node.group_id_of_job(spec["job_id"]))
     if group is None:  # a holder elsewhere checks its own
         return
     if spec.keys() & RETENTION:
         node.require_entry_version(group, ops.RETENTION_SINCE, "a job's retention")
-    _bounded(node, group, spec.get("schedule"))
+    _check_new_fields(node, group, spec.get("schedule"), spec)
 
 
-def _bounded(node: Node, group: Group, schedule: dict[str, Any] | None) -> None:
+def _check_new_fields(node: Node, group: Group, schedule: dict[str, Any] | None,
+                      fields: dict[str, Any]) -> None:
+    """A schedule's bounds and a job's max_runs need entries of the versions that carry them."""
     if schedule is not None and schedule.keys() & {"start_us", "end_us"}:
         node.require_entry_version(group, ops.BOUNDS_SINCE, "a schedule's start_at or end_at")
+    if "max_runs" in fields:
+        node.require_entry_version(group, ops.MAX_RUNS_SINCE, "max_runs")
 
 
 def _visible_run(node: Node, request: web.Request, run_id: str) -> tuple[Group, dict[str, Any]]:

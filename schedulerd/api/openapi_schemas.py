@@ -119,6 +119,9 @@ def job_fields(limits: Limits) -> dict[str, Schema]:
         "timeout_s": _seconds("timeout_s"),
         "jitter_s": _seconds("jitter_s", nullable_=False),
         "history_limit": _ranged("history_limit", {"type": "integer", "default": 100}),
+        "max_runs": _ranged("max_runs", {"type": ["integer", "null"], "default": None,
+                                         "description": "Complete the job once this many occurrences have run "
+                                                        "(triggers not counted); null: no limit."}),
         "finished_ttl_s": _ranged("finished_ttl_s", {
             "type": "number", "description": "seconds a finished one-off or a cancelled job is kept, with its "
                                              "runs; 0: forever. Default: the node's --finished-ttl."}),
@@ -153,7 +156,8 @@ JOB: Schema = {"type": "object", "properties": {
     "idempotency_key": nullable(STR), "next_fire_time": nullable(TIME), "created_at": TIME, "updated_at": TIME,
     "last_run": {"type": ["object", "null"], "properties": {"run_id": STR, "scheduled_time": TIME,
                                                              "state": {"enum": [s.value for s in RunState]}}},
-    "last_success_time": nullable(TIME),
+    "last_success_time": nullable(TIME), "max_runs": {"type": ["integer", "null"]},
+    "runs_remaining": {"type": ["integer", "null"]},
     "warnings": {"type": "array", "items": STR}}}
 RUN: Schema = {"type": "object", "properties": {
     "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "state": {"enum": [s.value for s in RunState]},

@@ -3,12 +3,14 @@ cluster in network namespaces under kill -9, SIGSTOP and partitions, with the
 fixed seeds. The harness exits 0 only when every safety checker passed; on
 top of that the figures must show each fault kind happened and jobs ran.
 
-Seed 1 is the classic smoke (kill, pause, partition) with a machine joining the
-cluster on a spare slot (one membership change). Seed 3 runs every fault
-kind, and its plan isolates a leader that keeps taking writes: it found the
-pysyncobj catch-up livelock (a former leader that never converged). Seed 5
-fills the leader's data dir (a small tmpfs): writes there get 503 and the node
-hands leadership over, so dispatch goes on."""
+Seed 3 runs every fault kind, and its plan isolates a leader that keeps taking
+writes: it found the pysyncobj catch-up livelock (a former leader that never
+converged). With --soak also seed 1, the classic smoke (kill, pause, partition)
+with a machine joining the cluster on a spare slot (one membership change), and
+seed 5, which fills the leader's data dir (a small tmpfs): writes there get 503
+and the node hands leadership over, so dispatch goes on. In the default run the
+deterministic simulation's CI seeds cover membership changes and full disks
+(docs/decisions.md: the suite's time budget)."""
 from __future__ import annotations
 
 import json
@@ -71,7 +73,7 @@ def _run(out: pathlib.Path, seed: int, duration_s: int, faults: tuple[str, ...],
         pytest.fail(f"jepsen-style/run did not finish within {RUN_TIMEOUT_S}s:\n{output[-6000:]}")
 
 
-@pytest.mark.parametrize("seed", sorted(SMOKES))
+@pytest.mark.parametrize("seed", [pytest.param(1, marks=pytest.mark.soak), 3, pytest.param(5, marks=pytest.mark.soak)])
 def test_jepsen_smoke(tmp_path: pathlib.Path, seed: int) -> None:
     reason = _unavailable()
     if reason is not None:

@@ -53,6 +53,11 @@ def next_after(schedule: Rec, t: int) -> int | None:
     return None if end is not None and nxt > end else nxt
 
 
+def limited_out(job: Rec) -> bool:
+    """A job with max_runs has made them all (entry version 14)."""
+    return job.get("max_runs") is not None and job.get("runs_made", 0) >= job["max_runs"]
+
+
 def next_at_or_after(schedule: Rec, t: int) -> int | None:
     """The first occurrence time of an interval schedule at or after t (None past its end)."""
     return next_after(schedule, t - 1)
@@ -177,6 +182,8 @@ class Model:
             return False
         for run in ahead:
             del self.runs[run["run_id"]]
+            if job.get("max_runs") is not None:  # never claimed: uncounted
+                job["runs_made"] = max(0, job.get("runs_made", 0) - 1)
         earliest = ahead[0]["scheduled_us"]
         if job["next_fire_us"] is None or earliest < job["next_fire_us"]:
             job["next_fire_us"] = earliest
@@ -214,7 +221,9 @@ class Model:
             nxt = sched["at_us"] if self.entry_version >= ops.OVERDUE_RECORDED_SINCE else max(sched["at_us"], now)
         else:
             nxt = next_after(sched, now)
-        job.update(state="scheduled" if nxt is not None else "completed", next_fire_us=nxt)  # past a bound's end
+        if limited_out(job):
+            nxt = None
+        job.update(state="scheduled" if nxt is not None else "completed", next_fire_us=nxt)  # past its end or limit
         return (True, None), False
 
     def update(self, index: int, cmd: Rec) -> tuple[Any, bool]:
@@ -233,8 +242,14 @@ class Model:
         if "schedule" in changes and self.entry_version >= ops.OVERDUE_RECORDED_SINCE:
             self._skip_overdue(Ids(index), job, cmd["now"], first_fire(changes["schedule"]), "rescheduled")
         job.update(changes)
-        if "schedule" in changes and job["state"] != "paused":
-            job["next_fire_us"] = first_fire(job["schedule"])
+        rearm = "schedule" in changes or ("max_runs" in changes and job["schedule"]["kind"] != "at")
+        if rearm and job["state"] != "paused":
+            if "schedule" in changes:
+                job["next_fire_us"] = first_fire(job["schedule"])
+            elif job["state"] == "completed":  # a limit raised or lifted: on from now
+                job["next_fire_us"] = next_after(job["schedule"], cmd["now"])
+            if limited_out(job):
+                job["next_fire_us"] = None
             if job["state"] == "completed" and job["next_fire_us"] is not None:
                 job["state"] = "scheduled"
             elif job["state"] == "scheduled" and job["next_fire_us"] is None:
@@ -288,24 +303,34 @@ class Model:
         spread = job["jitter_us"] if nxt is None else min(job["jitter_us"], nxt - fire - 1)
         avail = ("exact", fire) if job["jitter_us"] == 0 else ("between", fire, fire + spread)
         run = self._occur(ids, job, fire, now, avail)
-        self._advance(job, nxt)
+        self._advance(job, None if self._count(job, run) else nxt)
         return [run]
+
+    def _count(self, job: Rec, run: Rec) -> bool:
+        """A limited job's run of an occurrence counts; whether the limit is reached."""
+        if job.get("max_runs") is None or run["state"] != "queued":
+            return False
+        job["runs_made"] = job.get("runs_made", 0) + 1
+        return limited_out(job)
 
     def _missed(self, ids: Ids, job: Rec, fire: int, now: int, cutoff: int) -> list[Rec]:
         """Missed occurrences in [fire, cutoff): the newest catchup_limit are considered,
         the older ones get one summary record; misfire_policy picks what runs."""
         recent, made = self._recent_missed(ids, job, fire, now, cutoff)
         to_run = {"fire_all": recent, "fire_once": recent[-1:], "skip": []}[job["misfire_policy"]]
-        k = 0
+        k, done = 0, False
         for t in recent:
             if self.taken(job["job_id"], t):
                 continue  # a trigger (or a run claimed ahead, before a re-arm) already stands for it
             if t in to_run:
                 made.append(self._occur(ids, job, t, now, ("catchup", job["job_id"], now, k)))
                 k += 1
+                if self._count(job, made[-1]):
+                    done = True  # what comes after the limit is not the job's
+                    break
             else:
                 made.append(self._skipped(ids, job, t, now, "misfire_skip"))
-        self._advance(job, next_after(job["schedule"], cutoff - 1))
+        self._advance(job, None if done else next_after(job["schedule"], cutoff - 1))
         return made
 
     def _recent_missed(self, ids: Ids, job: Rec, fire: int, now: int, end: int) -> tuple[list[int], list[Rec]]:

@@ -60,7 +60,7 @@ RUN_FIELDS = ("job_id", "scheduled_us", "state", "attempt", "max_attempts", "fen
               "finished_us", "reason", "trigger", "priority", "available_us")
 JOB_FIELDS = ("state", "next_fire_us", "schedule", "priority", "max_attempts", "payload_json", "misfire_policy",
               "overlap_policy", "catchup_limit", "starting_deadline_us", "timeout_us", "history_limit", "jitter_us",
-              "backoff", "finished_ttl_us", "history_ttl_us", "keep_dead_letters")
+              "backoff", "finished_ttl_us", "history_ttl_us", "keep_dead_letters", "max_runs", "runs_made")
 
 Rec = dict[str, Any]
 
@@ -101,6 +101,8 @@ OPTIONS = {
 RETENTION = {"finished_ttl_us": st.sampled_from([0, 1 * S, 3 * S]), "history_ttl_us": st.sampled_from([0, 2 * S]),
              "keep_dead_letters": st.booleans()}
 DEFAULT_TTL_US = 2 * S
+# Optional fields of a create beside its retention: max_runs, from entry version 14.
+OPTIONAL = {**RETENTION, "max_runs": st.sampled_from([1, 2, 3])}
 # An update's backoff names some of its parts; {"max_ms": 100} is below every base_ms
 # the jobs have, so apply refuses it.
 BACKOFF_PARTS = st.sampled_from([{"base_ms": 200}, {"max_ms": 1000}, {"factor": 3.0}, {"max_ms": 100},
@@ -108,7 +110,8 @@ BACKOFF_PARTS = st.sampled_from([{"base_ms": 200}, {"max_ms": 1000}, {"factor": 
 CHANGES = st.fixed_dictionaries({}, optional={
     "schedule": SCHEDULES, "payload_json": st.sampled_from(['"v2"', "{}"]), "backoff": BACKOFF_PARTS,
     **{k: OPTIONS[k] for k in ("priority", "max_attempts", "starting_deadline_us", "timeout_us",
-                               "overlap_policy", "misfire_policy", "history_limit", "catchup_limit")}})
+                               "overlap_policy", "misfire_policy", "history_limit", "catchup_limit")},
+    "max_runs": st.sampled_from([None, 1, 2, 4])})
 ZOMBIE_OPS = st.sampled_from([Op.ACK, Op.NACK, Op.HEARTBEAT, Op.EXPIRE_LEASES])
 # holder: the live lease's worker and fence; zombie: an earlier lease of any run, as granted;
 # wrong_fence / wrong_worker: the current run with an older fence, or another worker.
@@ -377,7 +380,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                      grace_us=grace, finished_ttl_us=DEFAULT_TTL_US)
 
     @initialize(jobs=st.lists(st.tuples(st.sampled_from(JOB_IDS), SCHEDULES,
-                                        st.fixed_dictionaries(OPTIONS, optional=RETENTION)),
+                                        st.fixed_dictionaries(OPTIONS, optional=OPTIONAL)),
                               min_size=1, max_size=3), window=CLAIM_WINDOWS, version=VERSIONS)
     def seed(self, jobs: list[tuple[str, tuple[str, int], Rec]], window: tuple[int, int], version: int) -> None:
         """Every sequence starts with jobs, so the steps after have something to act on."""
@@ -385,7 +388,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.model.jobs) < len(JOB_IDS))  # a conflict still comes up often
     @rule(job_ids=st.lists(st.sampled_from(JOB_IDS), min_size=1, max_size=2), schedule=SCHEDULES,
-          opts=st.fixed_dictionaries(OPTIONS, optional=RETENTION), window=CLAIM_WINDOWS, version=VERSIONS)
+          opts=st.fixed_dictionaries(OPTIONS, optional=OPTIONAL), window=CLAIM_WINDOWS, version=VERSIONS)
     def create(self, job_ids: list[str], schedule: tuple[str, int], opts: Rec, window: tuple[int, int],
                version: int) -> None:
         self._create([self._spec(j, schedule, opts) for j in job_ids], window, version)

@@ -495,6 +495,43 @@ def test_a_resume_past_the_end_completes_the_job(d: Driver) -> None:
     assert (d.job("p")["state"], d.job("p")["next_fire_us"]) == ("completed", None)
 
 
+def test_a_limited_job_completes_after_max_runs_and_skips_and_triggers_do_not_count(d: Driver) -> None:
+    d.create("m", EVERY5, max_runs=3, overlap_policy="skip")
+    d.apply(Op.TRIGGER_JOB, now=T0 + S, job_id="m")  # an extra run: not one of the three
+    d.claim_due(T0 + 5 * S)  # skipped: the trigger's run is still open
+    (task,) = d.lease(T0 + 5 * S)
+    d.apply(Op.ACK, now=T0 + 6 * S, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    for k in (2, 3, 4, 5):
+        now = T0 + 5 * k * S
+        d.claim_due(now)
+        for task in d.lease(now):
+            d.apply(Op.ACK, now=now, worker_id="w", acks=[[task["run_id"], task["fence"], None]])
+    scheduled = [(r["scheduled_us"] - T0, r["state"]) for r in d.runs("m") if not r["trigger"]]
+    assert scheduled == [(5 * S, "skipped"), (10 * S, "succeeded"), (15 * S, "succeeded"), (20 * S, "succeeded")]
+    assert (d.job("m")["state"], d.job("m")["next_fire_us"], d.job("m")["runs_made"]) == ("completed", None, 3)
+
+
+def test_a_catch_up_makes_no_more_runs_than_the_limit_leaves(d: Driver) -> None:
+    d.create("c", EVERY5, max_runs=2, misfire_policy="fire_all", catchup_limit=10)
+    runs = d.claim_due(T0 + 60 * S)  # eleven missed occurrences
+    assert len(runs) == 2 and [d.run(r)["scheduled_us"] - T0 for r in runs] == [5 * S, 10 * S]
+    assert d.job("c")["state"] == "completed" and len(d.runs("c")) == 2  # none recorded past the limit
+
+
+def test_a_patch_of_max_runs_completes_or_rearms_and_a_withdrawn_run_is_uncounted(d: Driver) -> None:
+    d.create("p", EVERY5, max_runs=2)
+    d.claim_due(T0 + 5 * S)
+    d.apply(Op.CLAIM_BATCH, now=T0 + 6 * S, claims=[["p", T0 + 10 * S]])  # claimed ahead: counted
+    assert d.job("p")["state"] == "completed"
+    d.apply(Op.PAUSE_JOB, now=T0 + 7 * S, job_id="p")  # withdraws it: uncounted, re-armed, paused
+    assert (d.job("p")["state"], d.job("p")["runs_made"]) == ("paused", 1)
+    d.apply(Op.RESUME_JOB, now=T0 + 8 * S, job_id="p")
+    d.apply(Op.UPDATE_JOB, now=T0 + 8 * S, job_id="p", changes={"max_runs": 1})
+    assert (d.job("p")["state"], d.job("p")["next_fire_us"]) == ("completed", None)
+    d.apply(Op.UPDATE_JOB, now=T0 + 9 * S, job_id="p", changes={"max_runs": None})
+    assert (d.job("p")["state"], d.job("p")["next_fire_us"]) == ("scheduled", T0 + 10 * S)
+
+
 def test_history_keeps_the_newest_terminal_runs_and_all_dead_letters(d: Driver) -> None:
     d.create("e", EVERY5, history_limit=3, max_attempts=1)
     for k in range(1, 8):
