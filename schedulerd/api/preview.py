@@ -3,7 +3,8 @@ machine will compute them (storage/cron.py), without creating anything; it reads
 Raft state, so any node answers, leader or not, with its own clock.
 
 GET /v1/jobs/{id}/preview: an existing job's next occurrences, each with the time its
-run will become available (its jitter applied as a claim applies it)."""
+run will become available (its jitter applied as a claim applies it), within its
+schedule's bounds and its max_runs."""
 from __future__ import annotations
 
 from typing import Any
@@ -58,7 +59,10 @@ async def job_preview(request: web.Request) -> web.Response:
                    for run in ahead if run is not None]
     version = group.versions.writes()  # the rules the next claims will be applied by
     fire_us = job["next_fire_us"]
-    while fire_us is not None and len(occurrences) < n:
+    # A limited job's runs claimed ahead are counted already: what is left comes after them.
+    left = n if job.get("max_runs") is None else max(0, job["max_runs"] - job.get("runs_made", 0))
+    while fire_us is not None and len(occurrences) < n and left > 0:
+        left -= 1
         next_us = cron.next_after(job["schedule"], fire_us)
         start_us = fire_us + claims.start_offset_us(job, fire_us, next_us, version)
         occurrences.append({"scheduled_time": timefmt.to_iso(fire_us), "start_time": timefmt.to_iso(start_us)})

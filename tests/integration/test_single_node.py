@@ -97,6 +97,15 @@ def test_one_off_and_cron_jobs_run_via_the_sdk(make_cluster) -> None:
                                  "New York's local time (EDT in summer) use 'America/New_York'"]
     assert "warnings" not in node.get("/v1/jobs/daily")[1]
 
+    # Bounds and a run limit show in the job's preview and view.
+    start = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=1)
+    status, limited = node.post("/v1/jobs", {"job_id": "limited", "max_runs": 2, "schedule": {
+        "every": "10m", "start_at": _iso(start), "end_at": _iso(start + timedelta(hours=3))}})
+    assert status == 201 and (limited["max_runs"], limited["runs_remaining"]) == (2, 2)
+    assert limited["next_fire_time"] == _iso(start)
+    occurrences = node.get("/v1/jobs/limited/preview?n=5")[1]["occurrences"]
+    assert [o["scheduled_time"] for o in occurrences] == [_iso(start), _iso(start + timedelta(minutes=10))]
+
 
 def test_bad_input_is_a_clear_400_and_changes_nothing(make_cluster) -> None:
     node = make_cluster(1).nodes[0]
