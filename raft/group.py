@@ -137,9 +137,9 @@ class Group:
         # A journal that failed to write or sync cannot be trusted again: stop the
         # node (it replays on restart) instead of leaving pysyncobj half-alive.
         self.journal.on_error = lambda error: self._on_fatal(f"group={group_id} journal: {error}")
-        pysyncobj_patches.fix_log_replication(self.replica, self.journal)
-        if joining:
+        if joining:  # first: fix_log_replication hides from it the take-backs it does not carry out
             pysyncobj_patches.no_votes_before_joining(self.replica)
+        pysyncobj_patches.fix_log_replication(self.replica, self.journal)
         pysyncobj_patches.pace_snapshot_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
         pysyncobj_patches.answer_snapshot_pieces(self.replica)
         self.clocks = PeerClocks(clock_us or (lambda: time.time_ns() // 1000), 1 + len(self.peers),

@@ -95,9 +95,9 @@ class MetaGroup:
         self.replica = _MetaReplica(self, self_addr if self.voter else None, self.peers, sconf)
         self.journal = journal.journal_for(journal_path)
         self.journal.on_error = lambda error: on_fatal(f"group=meta journal: {error}")
-        pysyncobj_patches.fix_log_replication(self.replica, self.journal)
-        if self.voter and self_addr not in members:
+        if self.voter and self_addr not in members:  # first, as a data group's (raft/group.py)
             pysyncobj_patches.no_votes_before_joining(self.replica)
+        pysyncobj_patches.fix_log_replication(self.replica, self.journal)
         pysyncobj_patches.watch_membership(self.replica, self._members_changed)
         self._members_changed()
         self.heard = HeardFrom(self_addr)

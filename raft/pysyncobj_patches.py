@@ -206,7 +206,9 @@ def truncate_only_on_conflict(replica: SyncObj) -> None:
     simulation's chaos network, seed 13). A late heartbeat (no entries) cut the log back
     to its prevLogIdx the same way. The matching head of an append is dropped here; when
     nothing in it is new, the follower keeps its log, answers for what the append
-    covered, and takes a commit index no further than that."""
+    covered, and takes a commit index no further than that. pysyncobj still calls its
+    membership take-backs then, and they are not carried out: a patch that watches them
+    must be installed before this one, so that it is not told of them either."""
     tcp = transport(replica)
     handle = tcp._onMessageReceivedCallback
     delete_from = replica._SyncObj__deleteEntriesFrom
@@ -307,7 +309,8 @@ def no_votes_before_joining(replica: SyncObj) -> None:
     Whether it has is noted as the entry arrives (or a snapshot holding it is installed),
     not looked for when a vote is asked: by then compaction may have taken the entry out
     of the log, and a group whose joiners never vote again elects no leader (the
-    deterministic simulation, seed 14: two of three members were joiners)."""
+    deterministic simulation, seed 14: two of three members were joiners). Install it
+    before fix_log_replication (see truncate_only_on_conflict)."""
     tcp = transport(replica)
     handle = tcp._onMessageReceivedCallback
     change = replica._SyncObj__doChangeCluster

@@ -29,6 +29,7 @@ def _fixed(replica: Replica) -> None:
     pysyncobj_patches.backtrack_to_commit_index(replica)
     pysyncobj_patches.keep_next_index_on_late_acks(replica)
     pysyncobj_patches.commit_only_what_matched(replica)
+    pysyncobj_patches.truncate_only_on_conflict(replica)
     pysyncobj_patches.one_membership_change_at_a_time(replica)
     pysyncobj_patches.hear_removed_nodes_until_committed(replica)
 
@@ -95,8 +96,8 @@ class Fuzz:
         address = self.rng.choice(outside)
         if address not in self.net.replicas:
             joiner = self.net.add(address, sorted(self.members()), _conf())
-            _fixed(joiner)
             pysyncobj_patches.no_votes_before_joining(joiner)
+            _fixed(joiner)
         leader.addNodeToCluster(address)
         self.trace.append(f"add {address} via {leader.selfNode.address}")
 
@@ -186,8 +187,8 @@ class Fuzz:
             leader.removeNodeFromCluster(address)
             self.net.settle(3)
             joiner = self.net.add(address, sorted(self.members()), _conf())
-            _fixed(joiner)
             pysyncobj_patches.no_votes_before_joining(joiner)
+            _fixed(joiner)
             leader.addNodeToCluster(address)
             self.net.settle(3)
 

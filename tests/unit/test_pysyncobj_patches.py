@@ -559,3 +559,36 @@ def _follower_log_end_after_a_late_append(nets: list[Net], patch: Callable[[Repl
 def test_a_late_append_does_not_cut_entries_the_follower_holds(nets: list[Net]) -> None:
     assert _follower_log_end_after_a_late_append(nets, None) == -1  # the entry it acknowledged is gone
     assert _follower_log_end_after_a_late_append(nets, pysyncobj_patches.truncate_only_on_conflict) == 0
+
+
+def _joiner_answers_after_a_late_heartbeat(nets: list[Net], joiner_first: bool) -> list[str]:
+    """A joiner holds the entry adding it; a heartbeat from before that entry arrives late.
+    truncate_only_on_conflict keeps the log, and pysyncobj still calls the take-back of the
+    add. Asked for its vote then, what does the joiner answer?"""
+    net, (leader, b, c) = _cluster(None, dynamicMembershipChange=True)
+    nets.append(net)
+    net.elect(leader)
+    net.settle(2)
+    joiner = net.add("n4:1", ["n1:1", "n2:1", "n3:1"], conf(dynamicMembershipChange=True))
+    patches = [pysyncobj_patches.no_votes_before_joining, pysyncobj_patches.truncate_only_on_conflict]
+    for patch in patches if joiner_first else reversed(patches):
+        patch(joiner)
+    leader.addNodeToCluster("n4:1")
+    net.settle(3)
+    held = pysyncobj_patches.raft_log(joiner)[:]
+    add_at = next(e[1] for e in held if pysyncobj_patches.membership_change(e[0]) == ("add", "n4:1"))
+    before = next(e for e in held if e[1] == add_at - 1)
+    late = {"type": "append_entries", "term": leader.raftCurrentTerm, "commit_index": add_at - 1,
+            "prevLogIdx": before[1], "prevLogTerm": before[2], "entries": []}
+    net.link(leader).send(joiner.selfNode, late)
+    net.deliver(only=lambda src, dst, message: dst == "n4:1")
+    assert pysyncobj_patches.raft_log(joiner)[-1][1] >= add_at  # kept
+    start = len(net.sent)
+    net.link(b).send(joiner.selfNode, {"type": "request_vote", "term": 99, "last_log_index": 99, "last_log_term": 99})
+    net.deliver(only=lambda src, dst, message: dst == "n4:1")
+    return [m["type"] for src, dst, m in net.sent[start:] if src == "n4:1" and m["type"].endswith("vote")]
+
+
+def test_a_joiner_installed_first_is_not_told_of_a_take_back_that_did_not_happen(nets: list[Net]) -> None:
+    assert _joiner_answers_after_a_late_heartbeat(nets, joiner_first=False) == []  # the order the docstrings forbid
+    assert _joiner_answers_after_a_late_heartbeat(nets, joiner_first=True) == ["response_vote"]
