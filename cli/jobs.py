@@ -88,22 +88,25 @@ def get(session: Session, job_id: str) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
               help="Jobs per page.")
 @click.option("--all", "all_pages", is_flag=True, help="Follow cursors: every matching job.")
+@click.option("-l", "--selector", metavar="SELECTOR",
+              help="Only jobs whose labels match, e.g. 'team=billing,env!=prod' (Kubernetes syntax).")
 @click.pass_obj
 def list_(session: Session, state: str | None, queue: str | None, limit: int,
-          all_pages: bool) -> None:
+          all_pages: bool, selector: str | None) -> None:
     """List jobs, ordered by job id.
 
     \b
     Examples:
         schedctl list --state paused
         schedctl list --queue backups --all
+        schedctl list -l 'team=billing,env in (prod,staging)'
     """
     client = session.client
     if all_pages:
-        jobs = list(client.iter_jobs(state=state, queue=queue, page_size=limit))
+        jobs = list(client.iter_jobs(state=state, queue=queue, page_size=limit, selector=selector))
         page: dict[str, Any] = {"jobs": jobs, "next_cursor": None}
     else:
-        page = client.list_jobs(state=state, queue=queue, limit=limit)
+        page = client.list_jobs(state=state, queue=queue, limit=limit, selector=selector)
     session.show(page, jobs_table)
     if not session.as_json:
         more_hint(page, "jobs")

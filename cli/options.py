@@ -29,7 +29,7 @@ PLAIN_FIELDS = {
     "starting_deadline": "starting_deadline_s", "overlap": "overlap_policy",
     "timeout_s": "timeout_s", "jitter_s": "jitter_s", "history_limit": "history_limit",
     "idempotency_key": "idempotency_key", "finished_ttl_s": "finished_ttl_s", "history_ttl_s": "history_ttl_s",
-    "keep_dead_letters": "keep_dead_letters", "max_runs": "max_runs",
+    "keep_dead_letters": "keep_dead_letters", "max_runs": "max_runs", "description": "description",
 }
 # Parts of `backoff`; only the given ones are sent, the server fills the rest
 # (create) or keeps them (update).
@@ -79,6 +79,9 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
                      help="Start each occurrence up to this much later [0]."),
         click.option("--history-limit", type=_ints("history_limit"), metavar="N",
                      help="Finished runs kept [100]."),
+        click.option("--label", "labels", metavar="KEY=VALUE", multiple=True,
+                     help="A label, e.g. team=billing; repeat for more (an update replaces them all)."),
+        click.option("--description", metavar="TEXT", help="What the job is for, in a sentence."),
         click.option("--max-runs", type=_ints("max_runs"), metavar="N",
                      help="Complete the job once N of its occurrences have run (triggers not counted)."),
         click.option("--finished-ttl-s", type=_ints("finished_ttl_s"), metavar="SECONDS",
@@ -135,7 +138,19 @@ def job_fields(flags: Mapping[str, Any], *, schedule_required: bool) -> dict[str
     target = _target(flags)
     if target is not None:
         fields["target"] = target
+    if flags["labels"]:
+        fields["labels"] = _labels(flags["labels"])
     return fields
+
+
+def _labels(given: tuple[str, ...]) -> dict[str, str]:
+    labels = {}
+    for text in given:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{text!r} is not KEY=VALUE", param_hint="'--label'")
+        labels[key] = value
+    return labels
 
 
 def _target(flags: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ import re
 import uuid
 from typing import Any
 
-from schedulerd import targets
+from schedulerd import labels, targets
 from schedulerd.errors import InvalidJob, TooLarge
 from schedulerd.limits import Limits
 from schedulerd.storage import cron, retry
@@ -34,7 +34,7 @@ TTL_S_MAX = 10 * 366 * 86_400  # ten years; 0 keeps forever
 RETENTION_FIELDS = {"finished_ttl_s", "history_ttl_s", "keep_dead_letters"}
 OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "misfire_policy", "catchup_limit",
                  "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit",
-                 "target", "max_runs"} | RETENTION_FIELDS
+                 "target", "max_runs", "labels", "description"} | RETENTION_FIELDS
 CREATE_FIELDS = OPTION_FIELDS | {"job_id", "idempotency_key"}
 
 
@@ -208,6 +208,14 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
         if not isinstance(raw["keep_dead_letters"], bool):
             raise InvalidJob("keep_dead_letters must be true or false")
         out["keep_dead_letters"] = raw["keep_dead_letters"]
+    if "labels" in raw:
+        out["labels"] = labels.check_labels(raw["labels"], limits.labels_max)
+    if "description" in raw:
+        text = raw["description"]
+        if not isinstance(text, str) or len(text) > limits.description_chars_max:
+            raise InvalidJob(f"description must be text of at most {limits.description_chars_max} characters "
+                             "(description_chars_max)")
+        out["description"] = text
     if "max_runs" in raw:  # null lifts the limit
         out["max_runs"] = None if raw["max_runs"] is None else _int_in(raw["max_runs"], "max_runs",
                                                                        *RANGES["max_runs"])

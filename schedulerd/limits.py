@@ -71,6 +71,10 @@ class Limits:
     poll_queues_max: int = 64
     # Characters of a cron expression (croniter's work grows with it).
     cron_chars_max: int = 256
+    # Labels on one job (each key and value is also bounded by Kubernetes' syntax).
+    labels_max: int = 64
+    # Characters of a job's description.
+    description_chars_max: int = 1024
     # HTTP request line and each header line, bytes (the HTTP parser answers 400 past them).
     header_line_bytes_max: int = 8190
     # Headers in one request.

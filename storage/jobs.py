@@ -26,7 +26,8 @@ SPEC_DEFAULTS: dict[str, Any] = {
 RETENTION = frozenset(JOB_RETENTION)  # from entry version 11
 UPDATABLE = frozenset({"schedule", "schedule_spec", "queue", "payload_json", "max_attempts", "priority",
                        "misfire_policy", "catchup_limit", "starting_deadline_us", "overlap_policy", "backoff",
-                       "timeout_us", "jitter_us", "history_limit", "target", "max_runs"}) | RETENTION
+                       "timeout_us", "jitter_us", "history_limit", "target", "max_runs", "labels",
+                       "description"}) | RETENTION
 
 
 def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:

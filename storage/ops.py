@@ -14,8 +14,8 @@ from schedulerd.storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 14
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14})
+VERSION = 15
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -86,6 +86,9 @@ BOUNDS_SINCE = 13
 # reaches max_runs the job completes, and a PATCH of max_runs completes or re-arms it
 # (claims.limit_reached).
 MAX_RUNS_SINCE = 14
+# Since 15: a PATCH may change a job's labels and description (a create stored them before
+# too, as it stores every field of its spec; an older build's update drops them).
+LABELS_SINCE = 15
 
 
 class Op(IntEnum):

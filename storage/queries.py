@@ -3,7 +3,7 @@ over an index, never a walk of a whole table."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import lmdb
 import msgspec
@@ -72,11 +72,12 @@ def last_runs(reader: Reader, job_id: str, now_us: int) -> tuple[Record | None, 
 
 
 def list_jobs(txn: lmdb.Transaction, t: Tables, *, state: str | None, queue: str | None, limit: int,
-              after: str | None, scan_max: int, now_us: int, prefix: str = "", bare_only: bool = False
-              ) -> tuple[list[Record], str | None]:
+              after: str | None, scan_max: int, now_us: int, prefix: str = "", bare_only: bool = False,
+              labels: Callable[[dict[str, str] | None], bool] | None = None) -> tuple[list[Record], str | None]:
     """Jobs as seen at now_us, in id order after the cursor id, filtered; at most scan_max
     records are read, so a rare filter returns a short page with a cursor instead of
-    scanning everything. Only ids starting with `prefix`; with bare_only, only ids without a '/'."""
+    scanning everything. Only ids starting with `prefix`; with bare_only, only ids without a
+    '/'; with `labels`, only jobs whose labels it accepts (a label selector)."""
     out: list[Record] = []
     scanned = 0
     start = max(keys.job_key(after) + b"\x00" if after else b"", keys.job_key(prefix))
@@ -93,7 +94,8 @@ def list_jobs(txn: lmdb.Transaction, t: Tables, *, state: str | None, queue: str
                     return out, key.decode()
                 continue
             job = as_seen(JOBS.unpack(raw), now_us)
-            if (state is None or job["state"] == state) and (queue is None or job["queue"] == queue):
+            if (state is None or job["state"] == state) and (queue is None or job["queue"] == queue) \
+                    and (labels is None or labels(job.get("labels"))):
                 out.append(job)
                 if len(out) == limit:
                     return out, key.decode()

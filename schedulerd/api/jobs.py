@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from schedulerd import jobspec, namespaces, targets, views
+from schedulerd import jobspec, labels, namespaces, targets, views
 from schedulerd.api import forward, inputs
 from schedulerd.api.keys import CREATES, NODE
 from schedulerd.auth import audit_note, may_manage_jobs
@@ -241,10 +241,11 @@ async def get(request: web.Request) -> web.Response:
 async def list_jobs(request: web.Request) -> web.Response:
     node = request.app[NODE]
     limits = node.config.limits
-    inputs.check_query(request, inputs.PAGE_QUERY | {"queue", "state", "groups"})
+    inputs.check_query(request, inputs.PAGE_QUERY | {"queue", "state", "groups", "selector"})
     state = request.query.get("state")
     if state is not None and state not in JOB_STATES:
         raise InvalidRequest(f"state must be one of {', '.join(sorted(JOB_STATES))}")
+    selector = labels.parse_selector(request.query["selector"]) if "selector" in request.query else None
     limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                              limit_name="page_size_max")
     local, elsewhere = listed_groups(request, node)
@@ -261,7 +262,8 @@ async def list_jobs(request: web.Request) -> web.Response:
         with node.read(group) as (txn, tables):
             page, cursor = queries.list_jobs(txn, tables, state=state, queue=_queue_filter(request),
                                              limit=limit, after=after, scan_max=limits.list_scan_max,
-                                             now_us=now_us, prefix=prefix, bare_only=bare_only)
+                                             now_us=now_us, prefix=prefix, bare_only=bare_only,
+                                             labels=None if selector is None else selector.matches)
             reader = records.Reader(txn, tables)
             lasts = [queries.last_runs(reader, j["job_id"], now_us) for j in page]
         items.extend((j["job_id"], views.job(j, shown, last)) for j, last in zip(page, lasts))
@@ -372,11 +374,14 @@ def _versions_carry(node: Node, spec: dict[str, Any]) -> None:
 
 def _check_new_fields(node: Node, group: Group, schedule: dict[str, Any] | None,
                       fields: dict[str, Any]) -> None:
-    """A schedule's bounds and a job's max_runs need entries of the versions that carry them."""
+    """A schedule's bounds, a job's max_runs, labels and description need entries of the
+    versions that carry them."""
     if schedule is not None and schedule.keys() & {"start_us", "end_us"}:
         node.require_entry_version(group, ops.BOUNDS_SINCE, "a schedule's start_at or end_at")
     if "max_runs" in fields:
         node.require_entry_version(group, ops.MAX_RUNS_SINCE, "max_runs")
+    if fields.keys() & {"labels", "description"}:
+        node.require_entry_version(group, ops.LABELS_SINCE, "labels and a description")
 
 
 def _visible_run(node: Node, request: web.Request, run_id: str) -> tuple[Group, dict[str, Any]]:

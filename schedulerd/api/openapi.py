@@ -71,7 +71,10 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                      "responses": _ok("Created (200: the same idempotent request again).", JOB, "201", "200")},
             "get": {"summary": "List jobs", "tags": ["jobs"],
                     "parameters": [_param("state", "query", {"enum": [s.value for s in JobState]}),
-                                   QUEUE_FILTER, page_size, JOBS_CURSOR],
+                                   QUEUE_FILTER, _param("selector", "query", STR,
+                                                        "A label selector: team=billing,env!=prod,tier in (a,b),"
+                                                        "owner,!legacy (Kubernetes syntax)."),
+                                   page_size, JOBS_CURSOR],
                     "responses": _ok("A page of jobs.", page("jobs", JOB))}},
         "/v1/jobs:batch": {
             "post": {"summary": f"Create up to {limits.create_batch_max} jobs in one Raft entry", "tags": ["jobs"],

@@ -119,6 +119,10 @@ def job_fields(limits: Limits) -> dict[str, Schema]:
         "timeout_s": _seconds("timeout_s"),
         "jitter_s": _seconds("jitter_s", nullable_=False),
         "history_limit": _ranged("history_limit", {"type": "integer", "default": 100}),
+        "labels": {"type": "object", "maxProperties": limits.labels_max,
+                   "additionalProperties": {"type": "string", "maxLength": 63},
+                   "description": "Kubernetes-style labels, selected on by GET /v1/jobs?selector="},
+        "description": {"type": ["string", "null"], "maxLength": limits.description_chars_max},
         "max_runs": _ranged("max_runs", {"type": ["integer", "null"], "default": None,
                                          "description": "Complete the job once this many occurrences have run "
                                                         "(triggers not counted); null: no limit."}),
@@ -157,6 +161,7 @@ JOB: Schema = {"type": "object", "properties": {
     "last_run": {"type": ["object", "null"], "properties": {"run_id": STR, "scheduled_time": TIME,
                                                              "state": {"enum": [s.value for s in RunState]}}},
     "last_success_time": nullable(TIME), "max_runs": {"type": ["integer", "null"]},
+    "labels": {"type": "object", "additionalProperties": STR}, "description": nullable(STR),
     "runs_remaining": {"type": ["integer", "null"]},
     "warnings": {"type": "array", "items": STR}}}
 RUN: Schema = {"type": "object", "properties": {

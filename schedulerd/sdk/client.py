@@ -235,9 +235,11 @@ class Client:
         queue: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        selector: str | None = None,
     ) -> dict[str, Any]:
-        """One page: `{"jobs": [...], "next_cursor": "...|null"}`, ordered by job_id."""
-        query = {"state": state, "queue": queue, "limit": limit, "cursor": cursor}
+        """One page: `{"jobs": [...], "next_cursor": "...|null"}`, ordered by job_id; with
+        `selector`, only the jobs whose labels it selects (e.g. "team=billing,env!=prod")."""
+        query = {"state": state, "queue": queue, "limit": limit, "cursor": cursor, "selector": selector}
         return self._request("GET", "/v1/jobs", query=query)
 
     def iter_jobs(
@@ -245,11 +247,12 @@ class Client:
         state: str | None = None,
         queue: str | None = None,
         page_size: int = 100,
+        selector: str | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Every matching job, fetching pages of `page_size` as it goes."""
         cursor: str | None = None
         while True:
-            page = self.list_jobs(state=state, queue=queue, limit=page_size, cursor=cursor)
+            page = self.list_jobs(state=state, queue=queue, limit=page_size, cursor=cursor, selector=selector)
             yield from page["jobs"]
             next_cursor = page.get("next_cursor")
             if next_cursor is None:

@@ -106,6 +106,22 @@ def test_one_off_and_cron_jobs_run_via_the_sdk(make_cluster) -> None:
     occurrences = node.get("/v1/jobs/limited/preview?n=5")[1]["occurrences"]
     assert [o["scheduled_time"] for o in occurrences] == [_iso(start), _iso(start + timedelta(minutes=10))]
 
+    # Labels select jobs, as Kubernetes' selectors select objects; a PATCH replaces them.
+    for job_id, labels in (("bill-prod", {"team": "billing", "env": "prod"}), ("bill-dev", {"team": "billing"})):
+        status, made = node.post("/v1/jobs", {"job_id": job_id, "schedule": {"every": "1h"}, "labels": labels,
+                                              "description": f"{job_id} report"})
+        assert status == 201 and made["labels"] == labels and made["description"] == f"{job_id} report"
+
+    def selected(selector: str) -> list[str]:
+        return [j["job_id"] for j in node.get("/v1/jobs?" + urllib.parse.urlencode({"selector": selector}))[1]["jobs"]]
+    assert selected("team=billing") == ["bill-dev", "bill-prod"]
+    assert selected("team=billing,env!=prod") == ["bill-dev"]
+    assert selected("env in (prod),team") == ["bill-prod"]
+    status, patched = http("PATCH", node.url + "/v1/jobs/bill-dev", {"labels": {"team": "search"}})
+    assert status == 200 and patched["labels"] == {"team": "search"} and selected("team=billing") == ["bill-prod"]
+    status, refused = node.get("/v1/jobs?selector=" + urllib.parse.quote("team=bil ling"))
+    assert status == 400 and "is not one of key=value" in refused["error"]["message"]
+
 
 def test_bad_input_is_a_clear_400_and_changes_nothing(make_cluster) -> None:
     node = make_cluster(1).nodes[0]

@@ -77,6 +77,18 @@ def test_create_with_bounds_sends_them_in_utc_and_refuses_them_on_a_one_off(one)
                           "error: usage: --start-at and --end-at bound a --cron or --every schedule, given with it")
 
 
+def test_labels_and_a_description_are_sent_and_list_sends_the_selector(one):
+    cluster, server = one
+    run(server, "create", "--id", "l", "--every", "1h", "--label", "team=billing", "--label", "env=",
+        "--description", "Nightly invoices")
+    assert (cluster.jobs["l"]["labels"], cluster.jobs["l"]["description"]) == ({"team": "billing", "env": ""},
+                                                                              "Nightly invoices")
+    run(server, "list", "-l", "team=billing,env!=prod")
+    assert cluster.requests("GET", "/v1/jobs")[-1].query == {"limit": "100", "selector": "team=billing,env!=prod"}
+    assert_one_error_line(run(server, "create", "--every", "1h", "--label", "team", code=2),
+                          "error: usage: Invalid value for '--label': 'team' is not KEY=VALUE")
+
+
 def test_create_every_with_payload_from_a_file_and_all_options(one, tmp_path):
     cluster, server = one
     payload_file = tmp_path / "payload.json"

@@ -51,6 +51,12 @@ def test_creating_the_id_of_a_cancelled_job_says_so_and_how_to_free_the_id(d: Dr
                        "(DELETE /v1/jobs/{id}?purge=true, schedctl cancel --purge)")
 
 
+def test_labels_and_a_description_are_stored_and_a_patch_replaces_them(d: Driver) -> None:
+    d.create("a", EVERY, labels={"team": "billing", "env": "prod"}, description="invoices")
+    d.apply(Op.UPDATE_JOB, now=T0 + S, job_id="a", changes={"labels": {"team": "search"}, "description": "search"})
+    assert (d.job("a")["labels"], d.job("a")["description"]) == ({"team": "search"}, "search")
+
+
 def test_one_off_in_the_past_fires_at_once(d: Driver) -> None:
     d.create("late", {"kind": "at", "at_us": T0 - 60 * S})
     assert d.due(T0) == [("late", T0 - 60 * S)]
