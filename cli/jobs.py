@@ -8,7 +8,7 @@ import click
 
 from schedulerd.cli.files import create_from_file
 from schedulerd.cli.options import job_fields, job_options
-from schedulerd.cli.output import format_fields, jobs_table, more_hint, run_fields
+from schedulerd.cli.output import bulk_text, format_fields, jobs_table, more_hint, run_fields
 from schedulerd.cli.session import Session
 
 JOB_STATES = ("scheduled", "paused", "completed", "cancelled")
@@ -112,29 +112,51 @@ def list_(session: Session, state: str | None, queue: str | None, limit: int,
         more_hint(page, "jobs")
 
 
+def _one_or_selected(job_id: str | None, selector: str | None) -> None:
+    if (job_id is None) == (selector is None):
+        raise click.UsageError("give one JOB_ID or -l SELECTOR")
+
+
+SELECTOR_OPTION = click.option("-l", "--selector", metavar="SELECTOR",
+                               help="Every job whose labels match instead, e.g. 'team=billing,env!=prod'.")
+
+
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@SELECTOR_OPTION
 @click.pass_obj
-def pause(session: Session, job_id: str) -> None:
-    """Stop new occurrences of a job until it is resumed.
+def pause(session: Session, job_id: str | None, selector: str | None) -> None:
+    """Stop new occurrences of a job (or of every job -l selects) until it is resumed.
 
     \b
-    Example:
+    Examples:
         schedctl pause backup
+        schedctl pause -l team=billing
     """
+    _one_or_selected(job_id, selector)
+    if selector is not None:
+        session.show(session.client.act_on_jobs("pause", selector), bulk_text)
+        return
     session.show(session.client.pause_job(job_id), format_fields)
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@SELECTOR_OPTION
 @click.pass_obj
-def resume(session: Session, job_id: str) -> None:
-    """Re-arm a paused job from now; occurrences inside the pause are not caught up.
+def resume(session: Session, job_id: str | None, selector: str | None) -> None:
+    """Re-arm a paused job (or every paused job -l selects) from now; occurrences inside
+    the pause are not caught up.
 
     \b
-    Example:
+    Examples:
         schedctl resume backup
+        schedctl resume -l 'team=billing,env in (staging)'
     """
+    _one_or_selected(job_id, selector)
+    if selector is not None:
+        session.show(session.client.act_on_jobs("resume", selector), bulk_text)
+        return
     session.show(session.client.resume_job(job_id), format_fields)
 
 
@@ -155,18 +177,26 @@ def trigger(session: Session, job_id: str) -> None:
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@SELECTOR_OPTION
 @click.option("--purge", is_flag=True,
               help="Then delete the job and all its runs, dead letters included; its id may be created again.")
 @click.pass_obj
-def cancel(session: Session, job_id: str, purge: bool) -> None:
-    """Cancel a job: no new runs; queued runs are cancelled.
+def cancel(session: Session, job_id: str | None, selector: str | None, purge: bool) -> None:
+    """Cancel a job (or every job -l selects): no new runs; queued runs are cancelled.
 
     \b
     Examples:
         schedctl cancel backup
         schedctl cancel backup --purge
+        schedctl cancel -l env=staging
     """
+    _one_or_selected(job_id, selector)
+    if selector is not None:
+        if purge:
+            raise click.UsageError("--purge takes one JOB_ID")
+        session.show(session.client.act_on_jobs("cancel", selector), bulk_text)
+        return
     session.show(session.client.cancel_job(job_id, purge=purge), format_fields)
 
 

@@ -105,6 +105,11 @@ def preview_table(document: Mapping[str, Any], tz: str | None) -> str:
     return format_table(("FIRE_TIME", f"LOCAL ({tz})"), zip(times, local))
 
 
+def bulk_text(document: Mapping[str, Any]) -> str:
+    return (f"{document['action']} -l {document['selector']}: {document['matched']} jobs selected, "
+            f"{document['changed']} changed")
+
+
 def job_preview_table(document: Mapping[str, Any]) -> str:
     rows = [(o["scheduled_time"], o["start_time"], o.get("run_id", "")) for o in document["occurrences"]]
     return (f"job {document['job_id']} ({document['state']})\n"

@@ -75,6 +75,8 @@ class Limits:
     labels_max: int = 64
     # Characters of a job's description.
     description_chars_max: int = 1024
+    # Jobs one bulk pause, resume or cancel entry acts on; more take several entries.
+    bulk_batch_max: int = 500
     # HTTP request line and each header line, bytes (the HTTP parser answers 400 past them).
     header_line_bytes_max: int = 8190
     # Headers in one request.

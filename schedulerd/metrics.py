@@ -79,7 +79,7 @@ class Metrics:
 
     def on_applied(self, op: Op, result: dict[str, Any]) -> None:
         """Runs in the Raft tick thread, after the entry's commit."""
-        if op in (Op.CLAIM_BATCH, Op.CREATE_JOBS, Op.PAUSE_JOB, Op.UPDATE_JOB):
+        if op in (Op.CLAIM_BATCH, Op.CREATE_JOBS, Op.PAUSE_JOB, Op.UPDATE_JOB, Op.JOBS_ACTION):
             if op in (Op.CLAIM_BATCH, Op.CREATE_JOBS):
                 self.runs.labels("claimed").inc(len(result["runs"]))
             for reason, count in result.get("skipped_reasons", {}).items():

@@ -264,6 +264,11 @@ def _advance(ctx: Ctx, job: Record, nxt: int | None, old_fire: int | None, now: 
     records.put_job(ctx, job, old_fire, was)
 
 
+def as_seen_state(job: Record, now: int) -> str:
+    """The job's state as a caller sees it at `now` (see one_off_ahead)."""
+    return JOB_SCHEDULED if one_off_ahead(job, now) else str(job["state"])
+
+
 def one_off_ahead(job: Record, now: int) -> bool:
     """A one-off completed by a claim ahead of its time, which has not come yet at `now`.
     It has not fired: it reads as scheduled (queries.as_seen), a pause or an update

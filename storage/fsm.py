@@ -41,6 +41,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.PURGE_JOB: retention.purge_job,
     Op.DISCARD_RUN: retention.discard_run,
     Op.SWEEP_EXPIRED: retention.sweep_expired,
+    Op.JOBS_ACTION: jobs.act_on_jobs,
 }
 
 ALREADY_APPLIED: dict[str, Any] = {"replayed": True}

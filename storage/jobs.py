@@ -200,6 +200,28 @@ def resume_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True}
 
 
+def act_on_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    """One action ("pause", "resume" or "cancel") on many jobs in one entry, each job as its
+    own command would have it; which jobs it changed, as a caller sees them (a one-off
+    claimed ahead reads as scheduled). Ids whose job is gone or past the action are left."""
+    act = {"pause": pause_job, "resume": resume_job, "cancel": cancel_job}.get(cmd["action"])
+    if act is None:
+        return records.rejected("invalid_request", f"action {cmd['action']!r} is not pause, resume or cancel")
+    now, changed, skipped = cmd["now"], [], {}
+    for job_id in cmd["job_ids"]:
+        before = records.get_job(ctx, job_id)
+        if before is None:
+            continue
+        was = claims.as_seen_state(before, now)
+        result = act(ctx, {"job_id": job_id, "now": now})
+        after = records.get_job(ctx, job_id)
+        if result["ok"] and after is not None and claims.as_seen_state(after, now) != was:
+            changed.append(job_id)
+        for reason, count in result.get("skipped_reasons", {}).items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    return {"ok": True, "changed": changed, "skipped_reasons": skipped}
+
+
 def _rearm(schedule: dict[str, Any], now: int, own_time: bool) -> int | None:
     if schedule["kind"] == "at":
         return schedule["at_us"] if own_time else max(schedule["at_us"], now)

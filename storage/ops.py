@@ -14,8 +14,8 @@ from schedulerd.storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 15
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+VERSION = 16
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -89,6 +89,9 @@ MAX_RUNS_SINCE = 14
 # Since 15: a PATCH may change a job's labels and description (a create stored them before
 # too, as it stores every field of its spec; an older build's update drops them).
 LABELS_SINCE = 15
+# Since 16: JOBS_ACTION pauses, resumes or cancels many jobs in one entry (a bulk action
+# by label selector; jobs.act_on_jobs).
+JOBS_ACTION_SINCE = 16
 
 
 class Op(IntEnum):
@@ -109,6 +112,7 @@ class Op(IntEnum):
     PURGE_JOB = 15
     DISCARD_RUN = 16
     SWEEP_EXPIRED = 17
+    JOBS_ACTION = 18
 
 
 # What each command does, in the words of an error a user reads ("the create was not saved").
@@ -118,7 +122,7 @@ WHAT: dict[Op, str] = {
     Op.EXPIRE_LEASES: "expiring leases", Op.PAUSE_JOB: "the pause", Op.RESUME_JOB: "the resume",
     Op.UPDATE_JOB: "the update", Op.TRIGGER_JOB: "the trigger", Op.REDRIVE_RUN: "the re-drive",
     Op.LEASE_READY: "handing out tasks", Op.PURGE_JOB: "the purge", Op.DISCARD_RUN: "the discard",
-    Op.SWEEP_EXPIRED: "the retention sweep",
+    Op.SWEEP_EXPIRED: "the retention sweep", Op.JOBS_ACTION: "the bulk action",
 }
 
 

@@ -128,6 +128,15 @@ async def dead_letter_list(request: web.Request) -> web.Response:
     return _page_response(request, local, "runs", page_items, stop, f"{stop[0]}:{stop[1]}" if stop else None)
 
 
+def namespace_scope(request: web.Request) -> tuple[str, bool]:
+    """The stored job ids of the request's namespace, for queries.list_jobs: (prefix,
+    bare_only). The default namespace is the bare ids; another is the ids under its prefix."""
+    namespace = namespaces.of_request(request)
+    if namespace == namespaces.DEFAULT:
+        return "", True
+    return namespaces.inside(namespace, ""), False
+
+
 def listed_groups(request: web.Request, node: Node) -> tuple[list[Group], list[int]]:
     """The groups a list reads here, and those it asks other nodes for. A list sent on by
     another node names its groups (`groups=`) and answers for those held here only."""
@@ -252,10 +261,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     items: list[tuple[Any, dict[str, Any]]] = []
     stops: list[Any] = []
     after = request.query.get("cursor") or None
-    namespace = namespaces.of_request(request)
-    # The default namespace is the bare ids; another is the ids under its prefix.
-    prefix = "" if namespace == namespaces.DEFAULT else namespaces.inside(namespace, "")
-    bare_only = namespace == namespaces.DEFAULT
+    prefix, bare_only = namespace_scope(request)
     shown = may_manage_jobs(request)
     for group in local:
         now_us = node.now_us()

@@ -76,6 +76,13 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                                                         "owner,!legacy (Kubernetes syntax)."),
                                    page_size, JOBS_CURSOR],
                     "responses": _ok("A page of jobs.", page("jobs", JOB))}},
+        **{f"/v1/jobs:{action}": {
+            "post": {"summary": f"{action.capitalize()} every job a label selector selects, "
+                                f"{limits.bulk_batch_max} jobs per Raft entry", "tags": ["jobs"],
+                     "requestBody": _body(obj(("selector",), selector=STR)),
+                     "responses": _ok("How many jobs were selected, and how many changed.", obj(
+                         action=STR, selector=STR, matched=INT, changed=INT))}}
+           for action in ("pause", "resume", "cancel")},
         "/v1/jobs:batch": {
             "post": {"summary": f"Create up to {limits.create_batch_max} jobs in one Raft entry", "tags": ["jobs"],
                      "parameters": [_param("Prefer", "header", STR,

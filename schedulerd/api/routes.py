@@ -7,13 +7,16 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd.api import cluster, dashboard, jobs, nodes, preview, tasks
+from schedulerd.api import bulk, cluster, dashboard, jobs, nodes, preview, tasks
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/v1/jobs", jobs.create),
     ("POST", "/v1/jobs:batch", jobs.create_batch),
+    ("POST", "/v1/jobs:pause", bulk.pause),
+    ("POST", "/v1/jobs:resume", bulk.resume),
+    ("POST", "/v1/jobs:cancel", bulk.cancel),
     ("GET", "/v1/jobs", jobs.list_jobs),
     ("GET", "/v1/jobs/{job_id}", jobs.get),
     ("DELETE", "/v1/jobs/{job_id}", jobs.cancel),

@@ -286,6 +286,12 @@ class Client:
         """Re-arm a paused job from now; returns the job. Idempotent."""
         return self._request("POST", f"/v1/jobs/{_part(job_id)}/resume", {})
 
+    def act_on_jobs(self, action: str, selector: str) -> dict[str, Any]:
+        """Pause, resume or cancel ("pause" | "resume" | "cancel") every job whose labels the
+        selector selects: `{"action", "selector", "matched", "changed"}`. Not retried once a
+        request may have reached a server (a retry of an applied share would count nothing)."""
+        return self._request("POST", f"/v1/jobs:{action}", {"selector": selector}, retry_ambiguous=False)
+
     def trigger_job(self, job_id: str) -> dict[str, Any]:
         """Run the job once more, now: `{"run": run}`.
 

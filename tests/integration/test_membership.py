@@ -102,6 +102,13 @@ def test_a_node_joins_takes_its_share_serves_every_job_and_a_dead_node_is_repair
             status, body = node.get(f"/v1/jobs/{job_id}")
             assert status == 200 and body["job_id"] == job_id, (node.name, body)
 
+    # A bulk action from a node that holds two of the three groups: the third's holder does its share.
+    partial = next(n for n in cluster.nodes if len(by_id[view(n)["node_id"]]["groups"]) < groups)
+    status, paused = partial.post("/v1/jobs:pause", {"selector": "!unlabelled"})
+    assert status == 200 and (paused["matched"], paused["changed"]) == (60, 60), paused
+    status, resumed = partial.post("/v1/jobs:resume", {"selector": "!unlabelled"})
+    assert status == 200 and (resumed["matched"], resumed["changed"]) == (60, 60), resumed
+
     # Runs ready in every group are counted by every node, whichever groups it holds.
     now = datetime.now(timezone.utc).isoformat()
     status, body = cluster.nodes[0].post("/v1/jobs:batch", {"jobs": [

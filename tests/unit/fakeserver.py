@@ -334,6 +334,19 @@ def cluster_info(cluster: FakeCluster, params: dict[str, str], query: dict[str, 
     return 200, {"node": "127.0.0.1:9080", "groups": groups, "nodes": cluster.nodes}
 
 
+def bulk_action(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+                body: Any) -> tuple[int, Any]:
+    """Not the real selectors: team=X picks the jobs labelled so; enough to check what is sent and shown."""
+    key, _, value = body["selector"].partition("=")
+    matched = [j for j in cluster.jobs.values() if (j.get("labels") or {}).get(key) == value]
+    target = {"pause": "paused", "resume": "scheduled", "cancel": "cancelled"}[params["action"]]
+    changed = [j for j in matched if j["state"] != target]
+    for job in changed:
+        job["state"] = target
+    return 200, {"action": params["action"], "selector": body["selector"], "matched": len(matched),
+                 "changed": len(changed)}
+
+
 def health(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
            body: Any) -> tuple[int, Any]:
     return 200, {"ok": True}
@@ -343,6 +356,7 @@ Handler = Callable[[FakeCluster, dict[str, str], dict[str, str], Any], tuple[int
 ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
     (method, re.compile(pattern), handler) for method, pattern, handler in [
         ("POST", r"/v1/jobs", create_job),
+        ("POST", r"/v1/jobs:(?P<action>pause|resume|cancel)", bulk_action),
         ("GET", r"/v1/jobs", list_jobs),
         ("GET", r"/v1/jobs/(?P<job_id>[^/]+)", get_job),
         ("DELETE", r"/v1/jobs/(?P<job_id>[^/]+)", cancel_job),

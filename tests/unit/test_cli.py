@@ -89,6 +89,20 @@ def test_labels_and_a_description_are_sent_and_list_sends_the_selector(one):
                           "error: usage: Invalid value for '--label': 'team' is not KEY=VALUE")
 
 
+def test_pause_resume_and_cancel_by_selector_print_what_changed(one):
+    cluster, server = one
+    for job_id in ("a", "b"):
+        run(server, "create", "--id", job_id, "--every", "1h", "--label", "team=billing")
+    assert run(server, "pause", "-l", "team=billing").stdout.strip() == \
+        "pause -l team=billing: 2 jobs selected, 2 changed"
+    assert cluster.requests("POST", "/v1/jobs:pause")[0].body == {"selector": "team=billing"}
+    assert json.loads(run(server, "--json", "cancel", "-l", "team=billing").stdout)["changed"] == 2
+    assert_one_error_line(run(server, "resume", "a", "-l", "team=billing", code=2),
+                          "error: usage: give one JOB_ID or -l SELECTOR")
+    assert_one_error_line(run(server, "cancel", "-l", "team=billing", "--purge", code=2),
+                          "error: usage: --purge takes one JOB_ID")
+
+
 def test_create_every_with_payload_from_a_file_and_all_options(one, tmp_path):
     cluster, server = one
     payload_file = tmp_path / "payload.json"

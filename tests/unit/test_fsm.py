@@ -57,6 +57,19 @@ def test_labels_and_a_description_are_stored_and_a_patch_replaces_them(d: Driver
     assert (d.job("a")["labels"], d.job("a")["description"]) == ({"team": "search"}, "search")
 
 
+def test_one_bulk_entry_acts_on_each_job_and_says_which_changed(d: Driver) -> None:
+    for job_id in ("a", "b", "c"):
+        d.create(job_id, EVERY)
+    d.apply(Op.PAUSE_JOB, now=T0 + S, job_id="b")
+    d.apply(Op.CANCEL_JOB, now=T0 + S, job_id="c")
+    paused = d.apply(Op.JOBS_ACTION, now=T0 + 2 * S, action="pause", job_ids=["a", "b", "c", "gone"])
+    assert paused == {"ok": True, "changed": ["a"], "skipped_reasons": {}}
+    assert [d.job(j)["state"] for j in "abc"] == ["paused", "paused", "cancelled"]
+    resumed = d.apply(Op.JOBS_ACTION, now=T0 + 3 * S, action="resume", job_ids=["a", "b"])
+    assert resumed["changed"] == ["a", "b"] and d.job("a")["state"] == "scheduled"
+    assert d.apply(Op.JOBS_ACTION, now=T0 + 3 * S, action="delete", job_ids=["a"])["code"] == "invalid_request"
+
+
 def test_one_off_in_the_past_fires_at_once(d: Driver) -> None:
     d.create("late", {"kind": "at", "at_us": T0 - 60 * S})
     assert d.due(T0) == [("late", T0 - 60 * S)]
