@@ -7,28 +7,45 @@ from schedulerd.cli.live import follow_runs
 from schedulerd.cli.output import (dead_letters_table, job_preview_table, more_hint, preview_table, run_fields,
                                    runs_table)
 from schedulerd.cli.session import OneLineGroup, Session
+from schedulerd.storage.model import RunState
+
+RUN_STATES = [s.value for s in RunState]
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@click.option("--state", type=click.Choice(RUN_STATES), help="Runs in this state across every job instead.")
+@click.option("--queue", help="With --state: of this queue only.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--follow", "-f", is_flag=True,
               help="Keep watching: a line per run as it appears or changes state (--json: JSON lines).")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True, metavar="SECONDS",
               help="How often --follow asks.")
 @click.pass_obj
-def runs(session: Session, job_id: str, limit: int, follow: bool, interval: float) -> None:
-    """List a job's runs, or follow them as they happen (Ctrl-C stops).
+def runs(session: Session, job_id: str | None, state: str | None, queue: str | None, limit: int, follow: bool,
+         interval: float) -> None:
+    """List a job's runs, or follow them as they happen (Ctrl-C stops); or, with
+    --state, the runs in that state across every job.
 
     \b
     Examples:
         schedctl runs backup
         schedctl runs backup --follow
+        schedctl runs --state running --queue backups
     """
-    if follow:
-        follow_runs(session, job_id, interval)
-        return
-    page = session.client.job_runs(job_id, limit=limit)
+    if (job_id is None) == (state is None):
+        raise click.UsageError("give a JOB_ID, or --state for runs across jobs")
+    if state is not None:
+        if follow:
+            raise click.UsageError("--follow follows one job's runs: give its JOB_ID")
+        page = session.client.list_runs(state, queue=queue, limit=limit)
+    else:
+        if queue is not None:
+            raise click.UsageError("--queue applies to --state")
+        if follow:
+            follow_runs(session, job_id, interval)
+            return
+        page = session.client.job_runs(job_id, limit=limit)
     session.show(page, runs_table)
     if not session.as_json:
         more_hint(page, "runs")

@@ -10,7 +10,7 @@ import msgspec
 
 from schedulerd.storage import claims, keys, records
 from schedulerd.storage.codec import unpack
-from schedulerd.storage.layouts import JOBS
+from schedulerd.storage.layouts import JOBS, RUNS
 from schedulerd.storage.model import JOB_SCHEDULED, JobState, RunState
 from schedulerd.storage.records import Reader, Record
 from schedulerd.storage.tables import DB_NAMES, Tables
@@ -97,6 +97,29 @@ def list_jobs(txn: lmdb.Transaction, t: Tables, *, state: str | None, queue: str
             if (state is None or job["state"] == state) and (queue is None or job["queue"] == queue) \
                     and (labels is None or labels(job.get("labels"))):
                 out.append(job)
+                if len(out) == limit:
+                    return out, key.decode()
+            if scanned >= scan_max:
+                return out, key.decode()
+    return out, None
+
+
+def list_runs(txn: lmdb.Transaction, t: Tables, *, state: str, queue: str | None, limit: int, after: str | None,
+              scan_max: int, holds: Callable[[str], bool]) -> tuple[list[Record], str | None]:
+    """Runs in `state` across jobs, in run id order after the cursor id, of the jobs `holds`
+    accepts (a namespace's), optionally of one queue; at most scan_max records are read, as
+    list_jobs does, so a rare state returns a short page with a cursor."""
+    out: list[Record] = []
+    scanned = 0
+    with txn.cursor(db=t.runs) as cur:
+        found = cur.set_range(keys.run_key(after) + b"\x00") if after else cur.first()
+        if not found:
+            return out, None
+        for key, raw in cur:
+            scanned += 1
+            run = RUNS.unpack(raw)
+            if run["state"] == state and (queue is None or run["queue"] == queue) and holds(run["job_id"]):
+                out.append(run)
                 if len(out) == limit:
                     return out, key.decode()
             if scanned >= scan_max:

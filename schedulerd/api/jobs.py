@@ -16,11 +16,12 @@ from schedulerd.node import RUN_ID_RE, Node
 from schedulerd.raft.group import Group
 from schedulerd.storage import ops, queries, records
 from schedulerd.storage.jobs import RETENTION
-from schedulerd.storage.model import JobState
+from schedulerd.storage.model import JobState, RunState
 from schedulerd.storage.ops import Op
 from schedulerd.units import US_PER_S
 
 JOB_STATES = {s.value for s in JobState}
+RUN_STATES = {s.value for s in RunState}
 SPEC_BYTES_ESTIMATE = 512  # a job's encoded size besides its payload, for sizing coalesced entries
 
 # A runs cursor: the occurrence time (µs) to list after, as next_cursor gave it.
@@ -126,6 +127,35 @@ async def dead_letter_list(request: web.Request) -> web.Response:
             stops.append(stop)
     page_items, stop = await _merged_page(request, items, stops, limit, "runs", elsewhere)
     return _page_response(request, local, "runs", page_items, stop, f"{stop[0]}:{stop[1]}" if stop else None)
+
+
+async def list_runs(request: web.Request) -> web.Response:
+    """Runs in one state across every job of the namespace, in run id order."""
+    node = request.app[NODE]
+    limits = node.config.limits
+    inputs.check_query(request, inputs.PAGE_QUERY | {"state", "queue", "groups"})
+    state = request.query.get("state")
+    if state not in RUN_STATES:
+        raise InvalidRequest(f"state is required, one of {', '.join(sorted(RUN_STATES))}")
+    limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
+                             limit_name="page_size_max")
+    after = request.query.get("cursor") or None
+    if after is not None and not RUN_ID_RE.fullmatch(after):
+        raise InvalidRequest("cursor must be a value returned as next_cursor")
+    namespace = namespaces.of_request(request)
+    local, elsewhere = listed_groups(request, node)
+    items: list[tuple[Any, dict[str, Any]]] = []
+    stops: list[Any] = []
+    for group in local:
+        with node.read(group) as (txn, tables):
+            page, stop = queries.list_runs(txn, tables, state=state, queue=_queue_filter(request), limit=limit,
+                                           after=after, scan_max=limits.list_scan_max,
+                                           holds=lambda job_id: namespaces.holds(namespace, job_id))
+        items.extend((r["run_id"], views.run(r)) for r in page)
+        if stop is not None:
+            stops.append(stop)
+    page_items, stop = await _merged_page(request, items, stops, limit, "runs", elsewhere)
+    return _page_response(request, local, "runs", page_items, stop, stop)
 
 
 def namespace_scope(request: web.Request) -> tuple[str, bool]:

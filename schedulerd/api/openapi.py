@@ -13,7 +13,7 @@ from schedulerd.limits import Limits
 from schedulerd.api.openapi_schemas import (DURATION, ERROR, FENCE, IDEMPOTENCY_KEY, INT, ITEM_RESULTS, JOB, JOB_ID,
                                         LEASE_ITEM, NAMESPACE, QUEUE, RUN, RUN_ID, STR, TASK, TIME, TIMEZONE,
                                         WORKER_ID, Schema, batch, cron, job_create, job_patch, nullable, obj, page)
-from schedulerd.storage.model import JobState
+from schedulerd.storage.model import JobState, RunState
 
 # Answers that are not JSON, by route.
 _TEXT_ANSWERS = {"/ui": "text/html", "/metrics": "text/plain"}
@@ -115,6 +115,12 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
         "/v1/jobs/{job_id}/runs": {
             "get": {"summary": "A job's runs, newest first", "tags": ["runs"],
                     "parameters": [JOB_PARAM, page_size, RUNS_CURSOR], "responses": _ok("A page of runs.", runs_page)}},
+        "/v1/runs": {
+            "get": {"summary": "Runs in one state across every job, in run id order", "tags": ["runs"],
+                    "parameters": [{**_param("state", "query", {"enum": [s.value for s in RunState]}),
+                                    "required": True}, QUEUE_FILTER, page_size,
+                                   _param("cursor", "query", RUN_ID, "next_cursor of the page before.")],
+                    "responses": _ok("A page of runs.", runs_page)}},
         "/v1/runs/{run_id}": {
             "get": {"summary": "Get a run", "tags": ["runs"], "parameters": [RUN_PARAM],
                     "responses": _ok("The run.", RUN)},

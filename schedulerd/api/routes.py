@@ -26,6 +26,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/v1/jobs/{job_id}/trigger", jobs.trigger),
     ("GET", "/v1/jobs/{job_id}/runs", jobs.job_runs),
     ("GET", "/v1/jobs/{job_id}/preview", preview.job_preview),
+    ("GET", "/v1/runs", jobs.list_runs),
     ("GET", "/v1/runs/{run_id}", jobs.get_run),
     ("DELETE", "/v1/runs/{run_id}", jobs.discard),
     ("POST", "/v1/runs/{run_id}/retry", jobs.redrive),

@@ -286,6 +286,13 @@ class Client:
         """Re-arm a paused job from now; returns the job. Idempotent."""
         return self._request("POST", f"/v1/jobs/{_part(job_id)}/resume", {})
 
+    def list_runs(self, state: str, queue: str | None = None, limit: int = 100,
+                  cursor: str | None = None) -> dict[str, Any]:
+        """One page of the runs in `state` across every job, in run id order:
+        `{"runs": [...], "next_cursor": "...|null"}`."""
+        query = {"state": state, "queue": queue, "limit": limit, "cursor": cursor}
+        return self._request("GET", "/v1/runs", query=query)
+
     def act_on_jobs(self, action: str, selector: str) -> dict[str, Any]:
         """Pause, resume or cancel ("pause" | "resume" | "cancel") every job whose labels the
         selector selects: `{"action", "selector", "matched", "changed"}`. Not retried once a

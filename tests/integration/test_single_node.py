@@ -122,6 +122,13 @@ def test_one_off_and_cron_jobs_run_via_the_sdk(make_cluster) -> None:
     status, refused = node.get("/v1/jobs?selector=" + urllib.parse.quote("team=bil ling"))
     assert status == 400 and "is not one of key=value" in refused["error"]["message"]
 
+    # Runs listed by state across jobs; a page at a time, in run id order.
+    succeeded = node.get("/v1/runs?state=succeeded&limit=2")[1]
+    assert len(succeeded["runs"]) == 2 and all(r["state"] == "succeeded" for r in succeeded["runs"])
+    more = node.get(f"/v1/runs?state=succeeded&cursor={succeeded['next_cursor']}")[1]["runs"]
+    assert {r["job_id"] for r in succeeded["runs"] + more} == {"once", "tick"}
+    assert node.get("/v1/runs")[0] == 400
+
 
 def test_bad_input_is_a_clear_400_and_changes_nothing(make_cluster) -> None:
     node = make_cluster(1).nodes[0]

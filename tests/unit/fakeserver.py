@@ -263,6 +263,13 @@ def job_runs(cluster: FakeCluster, params: dict[str, str], query: dict[str, str]
     return 200, _page(runs, "run_id", query, "runs")
 
 
+def list_runs(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
+              body: Any) -> tuple[int, Any]:
+    runs = [run for run in cluster.runs.values() if run["state"] == query["state"]
+            and query.get("queue") in (None, run.get("queue"))]
+    return 200, _page(runs, "run_id", query, "runs")
+
+
 def get_run(cluster: FakeCluster, params: dict[str, str], query: dict[str, str],
             body: Any) -> tuple[int, Any]:
     return 200, _run(cluster, params["run_id"])
@@ -369,6 +376,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [
         ("POST", r"/v1/tasks/heartbeat", heartbeat_batch),
         ("POST", r"/v1/tasks/ack", ack_batch),
         ("GET", r"/v1/jobs/(?P<job_id>[^/]+)/runs", job_runs),
+        ("GET", r"/v1/runs", list_runs),
         ("GET", r"/v1/runs/(?P<run_id>[^/]+)", get_run),
         ("POST", r"/v1/tasks/poll", poll),
         ("POST", r"/v1/tasks/(?P<run_id>[^/]+)/(?P<verb>heartbeat|ack|nack)", task_op),

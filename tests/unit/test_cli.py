@@ -216,6 +216,20 @@ def test_runs_prints_a_table(one):
     ]
 
 
+def test_runs_by_state_across_jobs(one):
+    cluster, server = one
+    for job_id in ("j1", "j2"):
+        run(server, "create", "--id", job_id, "--every", "5s")
+        cluster.add_run(job_id, state="running", attempt=1, worker_id="w1")
+    cluster.add_run("j2", state="queued")
+    lines = run(server, "runs", "--state", "running").stdout.splitlines()
+    assert len(lines) == 3 and all(" running " in line for line in lines[1:])
+    assert cluster.requests("GET", "/v1/runs")[0].query == {"state": "running", "limit": "100"}
+    assert_one_error_line(run(server, "runs", code=2), "error: usage: give a JOB_ID, or --state for runs across jobs")
+    assert_one_error_line(run(server, "runs", "--state", "running", "-f", code=2),
+                          "error: usage: --follow follows one job's runs: give its JOB_ID")
+
+
 def test_cluster_prints_the_node_then_one_line_per_group_with_its_entry_version(one):
     _, server = one
     assert run(server, "cluster").stdout.splitlines() == [
