@@ -140,6 +140,7 @@ class Group:
         if joining:  # first: fix_log_replication hides from it the take-backs it does not carry out
             pysyncobj_patches.no_votes_before_joining(self.replica)
         pysyncobj_patches.fix_log_replication(self.replica, self.journal)
+        pysyncobj_patches.close_notifier_on_destroy(self.replica)
         pysyncobj_patches.pace_snapshot_sends(self.replica, 2 * conf.snapshot_chunk_bytes, conf.append_entries_period_s)
         pysyncobj_patches.answer_snapshot_pieces(self.replica)
         self.clocks = PeerClocks(clock_us or (lambda: time.time_ns() // 1000), 1 + len(self.peers),
@@ -283,10 +284,12 @@ class Group:
         """Append blob to the log; the future resolves with the apply result once this
         node has applied it and committed its store (so a read on this node right after
         sees it)."""
-        if len(blob) > self.conf.entry_bytes_max:
+        refused = ("is stopped: its replica left this node" if self._destroyed else
+                   f"refused an entry of {len(blob)} bytes, over entry_bytes_max ({self.conf.entry_bytes_max})"
+                   if len(blob) > self.conf.entry_bytes_max else None)
+        if refused is not None:
             fut: asyncio.Future[Any] = loop.create_future()
-            fut.set_exception(ProposalFailed(f"entry of {len(blob)} bytes is over entry_bytes_max "
-                                             f"({self.conf.entry_bytes_max})", maybe_applied=False))
+            fut.set_exception(ProposalFailed(refused, maybe_applied=False))
             return fut
         # Success is only ever reported by the tick thread, right after the apply; the list
         # is looked up then, as each tick's commit takes it and starts a new one.

@@ -98,6 +98,7 @@ class MetaGroup:
         if self.voter and self_addr not in members:  # first, as a data group's (raft/group.py)
             pysyncobj_patches.no_votes_before_joining(self.replica)
         pysyncobj_patches.fix_log_replication(self.replica, self.journal)
+        pysyncobj_patches.close_notifier_on_destroy(self.replica)
         pysyncobj_patches.watch_membership(self.replica, self._members_changed)
         self._members_changed()
         self.heard = HeardFrom(self_addr)

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import select
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -505,6 +506,36 @@ def fix_log_replication(replica: SyncObj, journal: DurableJournal) -> None:
     truncate_only_on_conflict(replica)
     one_membership_change_at_a_time(replica)
     hear_removed_nodes_until_committed(replica)
+
+
+def close_notifier_on_destroy(replica: SyncObj) -> None:
+    """Close the pipe pysyncobj wakes its tick with when the replica is destroyed.
+
+    pysyncobj 0.3.17 opens one per SyncObj (appendEntriesUseBatch off, as ours run) and
+    never closes it: every replica a node dropped or restarted in-process (a placement
+    change, a metadata role switch) kept two file descriptors, until a simulated day of
+    crashes and restarts ran out of them. A late wake-up (a proposal racing the destroy)
+    finds a no-op and descriptor -1, never a number the kernel has handed to another file."""
+    destroy = replica._doDestroy
+
+    def destroyed() -> None:
+        destroy()
+        close_notifier(replica)
+
+    replica._doDestroy = destroyed
+
+
+def close_notifier(replica: SyncObj) -> None:
+    """Close the replica's wake-up pipe now (once; see close_notifier_on_destroy)."""
+    notifier = getattr(replica, "_SyncObj__pipeNotifier", None)
+    if notifier is None or notifier._PipeNotifier__pipeR < 0:
+        return
+    notifier.notify = lambda: None
+    read_fd, write_fd = notifier._PipeNotifier__pipeR, notifier._PipeNotifier__pipeW
+    notifier._PipeNotifier__pipeR = notifier._PipeNotifier__pipeW = -1
+    replica._poller.unsubscribe(read_fd)
+    os.close(read_fd)
+    os.close(write_fd)
 
 
 def _serializer(replica: SyncObj) -> Any:

@@ -166,6 +166,7 @@ class SimNode:
             if isinstance(transport, SimTransport):
                 self.net.detach(transport, drop_after)
             log._close_files()
+            pysyncobj_patches.close_notifier(replica)  # the process's descriptors die with it
             if journal._journals.get(log.path) is log:
                 del journal._journals[log.path]
             if store is not None:

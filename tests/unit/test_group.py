@@ -116,6 +116,27 @@ def test_restart_replays_the_journal_without_applying_twice(tmp_path: pathlib.Pa
         group.destroy()
 
 
+def test_a_replica_stopped_and_started_again_leaves_no_file_descriptor_behind(tmp_path: pathlib.Path,
+                                                                             loop) -> None:
+    """As a placement that moves replicas away and back does, over a year of a node's life."""
+    (port,) = free_ports(1)
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    group = single(tmp_path, Recorder(), port)
+    assert propose(group, loop, create_blob("j"))["results"][0]["ok"]
+    group.destroy()
+    before = open_fds()
+    for _ in range(5):
+        group = single(tmp_path, Recorder(), port)
+        wait_until(lambda: group.status()["last_applied"] >= 1, 10, "journal replay")
+        group.destroy()
+    assert open_fds() == before
+    with pytest.raises(ProposalFailed, match="is stopped: its replica left this node"):
+        propose(group, loop, create_blob("late"))
+
+
 def test_a_failing_apply_never_escapes_into_pysyncobj(tmp_path: pathlib.Path, loop) -> None:
     (port,) = free_ports(1)
     rec = Recorder()
