@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -114,19 +114,14 @@ async def dead_letter_list(request: web.Request) -> web.Response:
                              limit_name="page_size_max")
     after = _dead_letter_cursor(request.query.get("cursor"))
     namespace = namespaces.of_request(request)
-    local, elsewhere = listed_groups(request, node)
-    items: list[tuple[Any, dict[str, Any]]] = []
-    stops: list[Any] = []
-    for group in local:
-        with node.read(group) as (txn, tables):
-            page, stop = queries.dead_letters(txn, tables, queue=_queue_filter(request), limit=limit,
-                                              after=after, scan_max=limits.list_scan_max)
-        items.extend(((r["finished_us"], r["run_id"]), views.run(r)) for r in page
-                     if namespaces.holds(namespace, r["job_id"]))
-        if stop is not None:
-            stops.append(stop)
-    page_items, stop = await _merged_page(request, items, stops, limit, "runs", elsewhere)
-    return _page_response(request, local, "runs", page_items, stop, f"{stop[0]}:{stop[1]}" if stop else None)
+
+    def read(txn: Any, tables: Any) -> tuple[list[dict[str, Any]], Any]:
+        page, stop = queries.dead_letters(txn, tables, queue=_queue_filter(request), limit=limit, after=after,
+                                          scan_max=limits.list_scan_max)
+        return [r for r in page if namespaces.holds(namespace, r["job_id"])], stop
+
+    return await _runs_page(request, node, limit, read, lambda r: (r["finished_us"], r["run_id"]),
+                            lambda stop: f"{stop[0]}:{stop[1]}")
 
 
 async def list_runs(request: web.Request) -> web.Response:
@@ -143,19 +138,30 @@ async def list_runs(request: web.Request) -> web.Response:
     if after is not None and not RUN_ID_RE.fullmatch(after):
         raise InvalidRequest("cursor must be a value returned as next_cursor")
     namespace = namespaces.of_request(request)
+
+    def read(txn: Any, tables: Any) -> tuple[list[dict[str, Any]], Any]:
+        return queries.list_runs(txn, tables, state=state, queue=_queue_filter(request), limit=limit, after=after,
+                                 scan_max=limits.list_scan_max, holds=lambda job_id: namespaces.holds(namespace, job_id))
+
+    return await _runs_page(request, node, limit, read, lambda r: r["run_id"], str)
+
+
+async def _runs_page(request: web.Request, node: Node, limit: int,
+                     read: Callable[[Any, Any], tuple[list[dict[str, Any]], Any]],
+                     key: Callable[[dict[str, Any]], Any], cursor_of: Callable[[Any], str]) -> web.Response:
+    """A page of runs from every group: `read` gives one local group's page and where it
+    stopped, `key` each run's sort key, `cursor_of` the next_cursor of the page's stop."""
     local, elsewhere = listed_groups(request, node)
     items: list[tuple[Any, dict[str, Any]]] = []
     stops: list[Any] = []
     for group in local:
         with node.read(group) as (txn, tables):
-            page, stop = queries.list_runs(txn, tables, state=state, queue=_queue_filter(request), limit=limit,
-                                           after=after, scan_max=limits.list_scan_max,
-                                           holds=lambda job_id: namespaces.holds(namespace, job_id))
-        items.extend((r["run_id"], views.run(r)) for r in page)
+            page, stop = read(txn, tables)
+        items.extend((key(r), views.run(r)) for r in page)
         if stop is not None:
             stops.append(stop)
     page_items, stop = await _merged_page(request, items, stops, limit, "runs", elsewhere)
-    return _page_response(request, local, "runs", page_items, stop, stop)
+    return _page_response(request, local, "runs", page_items, stop, None if stop is None else cursor_of(stop))
 
 
 def namespace_scope(request: web.Request) -> tuple[str, bool]:
