@@ -90,8 +90,7 @@ def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
 
 def _exists_message(job: Record, now: int) -> str:
     """Why a create of this id is refused, and for a finished job how to free the id."""
-    job_id = job["job_id"]
-    state = JobState.SCHEDULED.value if claims.one_off_ahead(job, now) else job["state"]
+    job_id, state = job["job_id"], claims.as_seen_state(job, now)
     if state in (JobState.CANCELLED.value, JobState.COMPLETED.value):
         return (f"job {job_id!r} already exists and is {state}; purge it to create the id again "
                 f"(DELETE /v1/jobs/{{id}}?purge=true, schedctl cancel --purge)")

@@ -78,10 +78,6 @@ def get_job(ctx: Ctx | Reader, job_id: str) -> Record | None:
     return JOBS.unpack(raw) if raw else None
 
 
-def job_exists(ctx: Ctx, job_id: str) -> bool:
-    return ctx.txn.get(keys.job_key(job_id), None, ctx.tables.jobs) is not None
-
-
 def mark_job_new(ctx: Ctx, job_id: str) -> None:
     """A job this entry creates has no stored run counts: a job's are deleted with it
     (retention.purge_job), so none can linger from an earlier job of the same id, and its
