@@ -271,7 +271,7 @@ def test_what_a_caller_did_not_mean_is_refused_not_guessed(live: Any) -> None:
     assert "'max_attempts' appears twice" in refused(
         "POST", "/v1/jobs", b'{"schedule": {"every": "1h"}, "max_attempts": 1, "max_attempts": 9}')
     assert refused("GET", "/v1/jobs?stat=paused") == (
-        "unknown query parameter(s): stat; allowed: cursor, groups, limit, queue, state")
+        "unknown query parameter(s): stat; allowed: cursor, groups, limit, queue, selector, state")
     assert refused("GET", "/v1/jobs?limit=5&limit=500") == "query parameter(s) given more than once: limit"
     assert "allowed: cursor, groups, limit, queue" in refused("GET", "/v1/dead-letter?queues=q")
     assert "allowed: cursor, limit" in refused("GET", "/v1/jobs/seed/runs?state=failed")
