@@ -134,7 +134,7 @@ async def list_runs(request: web.Request) -> web.Response:
         raise InvalidRequest(f"state is required, one of {', '.join(sorted(RUN_STATES))}")
     limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
                              limit_name="page_size_max")
-    after = request.query.get("cursor") or None
+    after = request.query.get("cursor")
     if after is not None and not RUN_ID_RE.fullmatch(after):
         raise InvalidRequest("cursor must be a value returned as next_cursor")
     namespace = namespaces.of_request(request)

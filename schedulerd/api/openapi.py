@@ -119,7 +119,7 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
             "get": {"summary": "Runs in one state across every job, in run id order", "tags": ["runs"],
                     "parameters": [{**_param("state", "query", {"enum": [s.value for s in RunState]}),
                                     "required": True}, QUEUE_FILTER, page_size,
-                                   _param("cursor", "query", RUN_ID, "next_cursor of the page before.")],
+                                   _cursor(RUN_ID["pattern"])],
                     "responses": _ok("A page of runs.", runs_page)}},
         "/v1/runs/{run_id}": {
             "get": {"summary": "Get a run", "tags": ["runs"], "parameters": [RUN_PARAM],
