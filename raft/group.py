@@ -284,9 +284,11 @@ class Group:
         """Append blob to the log; the future resolves with the apply result once this
         node has applied it and committed its store (so a read on this node right after
         sees it)."""
-        refused = ("is stopped: its replica left this node" if self._destroyed else
-                   f"refused an entry of {len(blob)} bytes, over entry_bytes_max ({self.conf.entry_bytes_max})"
-                   if len(blob) > self.conf.entry_bytes_max else None)
+        refused = None
+        if self._destroyed:
+            refused = "is stopped: its replica left this node"
+        elif len(blob) > self.conf.entry_bytes_max:
+            refused = f"refused an entry of {len(blob)} bytes, over entry_bytes_max ({self.conf.entry_bytes_max})"
         if refused is not None:
             fut: asyncio.Future[Any] = loop.create_future()
             fut.set_exception(ProposalFailed(refused, maybe_applied=False))

@@ -111,13 +111,11 @@ def _bounds(raw: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def schedule_warnings(schedule: dict[str, Any] | None) -> list[str]:
-    """What an answer that accepted this schedule should warn about (a fixed-offset zone
-    named where a region's local time was likely meant)."""
-    if schedule is None or schedule["kind"] != "cron":
-        return []
-    warning = cron.zone_warning(schedule["timezone"])
-    return [warning] if warning else []
+def warned(answer: dict[str, Any], schedule: dict[str, Any] | None) -> dict[str, Any]:
+    """The answer that accepted `schedule`, with `warnings` when it deserves one (a
+    fixed-offset zone named where a region's local time was likely meant)."""
+    warning = cron.zone_warning(schedule["timezone"]) if schedule is not None and schedule["kind"] == "cron" else None
+    return {**answer, "warnings": [warning]} if warning else answer
 
 
 def parse_job(raw: Any, now_us: int, limits: Limits, idempotency_key: str | None = None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from schedulerd.api.keys import CREATES, NODE
 from schedulerd.auth import audit_note, may_manage_jobs
 from schedulerd.coalescer import Coalescer
 from schedulerd.errors import InvalidRequest, NotFound, SchedulerError, from_wire
+from schedulerd.limits import Limits
 from schedulerd.node import RUN_ID_RE, Node
 from schedulerd.raft.group import Group
 from schedulerd.storage import ops, queries, records
@@ -55,7 +56,7 @@ async def create(request: web.Request) -> web.Response:
     (result,) = await _create(node, creates, [spec])
     if not result["ok"]:
         raise from_wire(result["code"], result["message"])
-    body = _warned(_created_view(node, result), spec["schedule"])
+    body = jobspec.warned(_created_view(node, result), spec["schedule"])
     return views.respond(body, status=200 if result.get("existing") else 201)
 
 
@@ -82,7 +83,7 @@ async def update(request: web.Request) -> web.Response:
         changes["queue"] = namespaces.inside(namespaces.of_request(request), changes["queue"])
     await _job_command(node, Op.UPDATE_JOB, job_id, {
         "changes": changes, "audit": audit_note(request, f"update job {job_id}: {', '.join(sorted(raw))}")})
-    return views.respond(_warned(_job_view(node, job_id), changes.get("schedule")))
+    return views.respond(jobspec.warned(_job_view(node, job_id), changes.get("schedule")))
 
 
 async def pause(request: web.Request) -> web.Response:
@@ -132,11 +133,7 @@ async def list_runs(request: web.Request) -> web.Response:
     state = request.query.get("state")
     if state not in RUN_STATES:
         raise InvalidRequest(f"state is required, one of {', '.join(sorted(RUN_STATES))}")
-    limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
-                             limit_name="page_size_max")
-    after = request.query.get("cursor")
-    if after is not None and not RUN_ID_RE.fullmatch(after):
-        raise InvalidRequest("cursor must be a value returned as next_cursor")
+    limit, after = _page_args(request, limits, RUN_ID_RE)
     namespace = namespaces.of_request(request)
 
     def read(txn: Any, tables: Any) -> tuple[list[dict[str, Any]], Any]:
@@ -252,7 +249,7 @@ async def create_batch(request: web.Request) -> web.Response:
         return out
 
     def warned(position: int, answer: dict[str, Any]) -> dict[str, Any]:
-        return _warned(answer, specs[position]["schedule"]) if answer.get("ok") else answer
+        return jobspec.warned(answer, specs[position]["schedule"]) if answer.get("ok") else answer
 
     by_group: dict[int, list[int]] = {}
     for position, spec in enumerate(specs):
@@ -349,11 +346,7 @@ async def job_runs(request: web.Request) -> web.Response:
     limits = node.config.limits
     inputs.check_query(request, inputs.PAGE_QUERY)
     job_id = job_id_of(request)
-    limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
-                             limit_name="page_size_max")
-    cursor = request.query.get("cursor")
-    if cursor is not None and not _TIME_CURSOR.fullmatch(cursor):
-        raise InvalidRequest("cursor must be a value returned as next_cursor")
+    limit, cursor = _page_args(request, limits, _TIME_CURSOR)
     group = node.group_of_job(job_id)
     with node.read(group) as (txn, tables):
         if records.get_job(records.Reader(txn, tables), job_id) is None:
@@ -364,15 +357,19 @@ async def job_runs(request: web.Request) -> web.Response:
                           "next_cursor": str(nxt) if nxt is not None else None})
 
 
+def _page_args(request: web.Request, limits: Limits, cursor_re: re.Pattern[str]) -> tuple[int, str | None]:
+    """A list's page size and its cursor, which must be one it handed out (`cursor_re`)."""
+    limit = inputs.query_int(request, "limit", default=100, low=1, high=limits.page_size_max,
+                             limit_name="page_size_max")
+    cursor = request.query.get("cursor")
+    if cursor is not None and not cursor_re.fullmatch(cursor):
+        raise InvalidRequest("cursor must be a value returned as next_cursor")
+    return limit, cursor
+
+
 async def get_run(request: web.Request) -> web.Response:
     node = request.app[NODE]
     return views.respond(views.run(_visible_run(node, request, request.match_info["run_id"])[1]))
-
-
-def _warned(body: dict[str, Any], schedule: dict[str, Any] | None) -> dict[str, Any]:
-    """The answer, with `warnings` when the schedule it accepted deserves one."""
-    warnings = jobspec.schedule_warnings(schedule)
-    return {**body, "warnings": warnings} if warnings else body
 
 
 def job_id_of(request: web.Request) -> str:

@@ -32,11 +32,7 @@ async def preview(request: web.Request) -> web.Response:
     start_us = _from(query) if "from" in query else node.now_us()
     schedule = jobspec.parse_schedule(_schedule_spec(query), start_us, node.config.limits)
     fire_times = cron.preview(schedule, start_us, n)
-    body: dict[str, Any] = {"fire_times": [timefmt.to_iso(us) for us in fire_times]}
-    warnings = jobspec.schedule_warnings(schedule)
-    if warnings:
-        body["warnings"] = warnings
-    return views.respond(body)
+    return views.respond(jobspec.warned({"fire_times": [timefmt.to_iso(us) for us in fire_times]}, schedule))
 
 
 async def job_preview(request: web.Request) -> web.Response:
