@@ -1,5 +1,6 @@
 """`schedctl create --file jobs.yaml|jobs.json`: many jobs from one file, sent
-through the batch endpoint (one Raft entry per batch) with a progress bar.
+through the batch endpoint (one Raft entry per batch) with a progress bar. `schedctl
+apply` (cli/apply.py) reads the same files, and directories of them.
 
 The file holds a list of jobs (or `{"jobs": [...]}`), each in the JSON form of
 `POST /v1/jobs`. YAML is read with PyYAML's safe loader (no object tags), refusing
@@ -7,6 +8,7 @@ a key given twice in one mapping as the API refuses it in JSON."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -18,6 +20,25 @@ from schedulerd.errors import SchedulerError
 from schedulerd.strict_json import parse_json
 
 BATCH = 100  # the server's default create_batch_max
+JOB_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def job_file_paths(path: str) -> list[str]:
+    """`path` itself, or for a directory the .yaml, .yml and .json files directly in it,
+    sorted by name (so the order of an apply does not depend on the file system)."""
+    if path == "-" or not os.path.isdir(path):
+        return [path]
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read directory {path!r}: {exc.strerror or exc}",
+                                 param_hint="'--file'") from None
+    paths = [os.path.join(path, name) for name in names
+             if name.endswith(JOB_FILE_SUFFIXES) and os.path.isfile(os.path.join(path, name))]
+    if not paths:
+        raise click.BadParameter(f"directory {path!r} holds no {', '.join(JOB_FILE_SUFFIXES)} file",
+                                 param_hint="'--file'")
+    return paths
 
 
 def read_jobs(path: str) -> list[dict[str, Any]]:

@@ -1,15 +1,19 @@
 """`schedctl` commands on jobs: create, get, list, update, pause, resume,
-trigger, cancel."""
+trigger, cancel, and apply and export (jobs kept as code)."""
 from __future__ import annotations
 
 from typing import Any
 
 import click
 
+from schedulerd import labels
+from schedulerd.cli.apply import PLACEHOLDER, run_apply
+from schedulerd.cli.export import FORMATS, run_export
 from schedulerd.cli.files import create_from_file
 from schedulerd.cli.options import job_fields, job_options
 from schedulerd.cli.output import bulk_text, format_fields, jobs_table, more_hint, run_fields
 from schedulerd.cli.session import Session
+from schedulerd.errors import InvalidRequest
 
 JOB_STATES = ("scheduled", "paused", "completed", "cancelled")
 
@@ -200,4 +204,71 @@ def cancel(session: Session, job_id: str | None, selector: str | None, purge: bo
     session.show(session.client.cancel_job(job_id, purge=purge), format_fields)
 
 
-COMMANDS = (create, get, list_, update, pause, resume, trigger, cancel)
+def _selector(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A selector the server would refuse is a usage error here, before any request."""
+    if value is not None:
+        try:
+            labels.parse_selector(value)
+        except InvalidRequest as exc:
+            raise click.BadParameter(exc.message, ctx, param) from None
+    return value
+
+
+@click.command("apply")
+@click.option("-f", "--file", "path", required=True, metavar="FILE|DIR",
+              help="A .yaml/.yml/.json job file, a directory of them (each, by name) or '-' (stdin).")
+@click.option("--dry-run", is_flag=True, help="Print what would change (field: old -> new); change nothing.")
+@click.option("--prune", is_flag=True, help="Also cancel the scheduled and paused jobs -l selects that no file names.")
+@click.option("-l", "--selector", metavar="SELECTOR", callback=_selector,
+              help="The jobs --prune answers for, e.g. 'managed-by=git,team=billing'.")
+@click.pass_obj
+def apply_(session: Session, path: str, dry_run: bool, prune: bool, selector: str | None) -> None:
+    """Make the jobs as the files say, by job_id: create what is missing, update (one PATCH
+    of the fields that differ) what differs, pause or resume as `paused: true|false` says;
+    one line per job, then a summary. A second apply of the same files changes nothing.
+
+    Every job needs a job_id. A field a file leaves out is left as the job has it. A target
+    header value written as "(redacted)" keeps the job's value (export writes it so without
+    --include-secrets). Exit 1 when a job failed (its `error:` line on stderr says why; the
+    others still go), 2 for a bad file, before any request.
+
+    \b
+    Examples:
+        schedctl apply -f jobs/ --dry-run
+        schedctl apply -f jobs/ --prune -l managed-by=git
+        schedctl export -l team=billing | schedctl apply -f -
+    """
+    if prune and selector is None:
+        raise click.UsageError("--prune needs -l SELECTOR: a prune cancels only jobs a selector selects")
+    if selector is not None and not prune:
+        raise click.UsageError("-l SELECTOR scopes --prune here; give --prune too")
+    run_apply(session, path, dry_run=dry_run, prune_selector=selector)
+
+
+@click.command("export")
+@click.option("-l", "--selector", metavar="SELECTOR", callback=_selector,
+              help="Only the jobs whose labels match, e.g. 'team=billing'.")
+@click.option("-o", "--output", default="-", metavar="FILE", help="Write the file here [stdout].")
+@click.option("--format", "fmt", type=click.Choice(FORMATS),
+              help="[yaml; json for an -o FILE ending in .json, or with --json]")
+@click.option("--include-secrets", is_flag=True,
+              help=f"Write the target header values; without it each is {PLACEHOLDER!r}, which apply reads as "
+                   "\"keep the job's value\".")
+@click.pass_obj
+def export(session: Session, selector: str | None, output: str, fmt: str | None, include_secrets: bool) -> None:
+    """Write the scheduled and paused jobs (or those -l selects) as the file `apply` reads:
+    each job's fields as a create takes them, defaults included, `paused: true` for a paused
+    one; no state, fire times or runs. Completed and cancelled jobs are left out.
+
+    \b
+    Examples:
+        schedctl export -l team=billing -o billing.yaml
+        schedctl export --format json --include-secrets -o all-jobs.json
+        schedctl export | schedctl apply -f - --dry-run    # changes nothing
+    """
+    if fmt is None:
+        fmt = "json" if output.endswith(".json") or session.as_json else "yaml"
+    run_export(session, selector, output, fmt, include_secrets)
+
+
+COMMANDS = (create, get, list_, update, pause, resume, trigger, cancel, apply_, export)

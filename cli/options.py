@@ -9,6 +9,7 @@ import click
 
 from schedulerd import timefmt
 from schedulerd.jobspec import RANGES
+from schedulerd.storage.model import OverlapPolicy
 from schedulerd.strict_json import parse_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -20,7 +21,7 @@ def _ints(option: str) -> click.IntRange:
 
 
 MISFIRE_POLICIES = ("fire_all", "fire_once", "skip")
-OVERLAP_POLICIES = ("allow", "skip", "buffer_one")
+OVERLAP_POLICIES = tuple(p.value for p in OverlapPolicy)
 TARGET_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 # flag's parameter name -> field name on the wire, for the options sent as they are.
 PLAIN_FIELDS = {
@@ -30,6 +31,7 @@ PLAIN_FIELDS = {
     "timeout_s": "timeout_s", "jitter_s": "jitter_s", "history_limit": "history_limit",
     "idempotency_key": "idempotency_key", "finished_ttl_s": "finished_ttl_s", "history_ttl_s": "history_ttl_s",
     "keep_dead_letters": "keep_dead_letters", "max_runs": "max_runs", "description": "description",
+    "pause_on_failure": "pause_on_failure",
 }
 # Parts of `backoff`; only the given ones are sent, the server fills the rest
 # (create) or keeps them (update).
@@ -66,7 +68,8 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
         click.option("--starting-deadline", type=_ints("starting_deadline_s"), metavar="SECONDS",
                      help="Skip a run that would start later than this after its time."),
         click.option("--overlap", type=click.Choice(OVERLAP_POLICIES),
-                     help="A new occurrence while a run is queued or running [allow]."),
+                     help="A new occurrence while a run is open: runs, is skipped, waits behind it "
+                          "(buffer_one, buffer_all) or cancels it (cancel_other) [allow]."),
         click.option("--backoff-base-ms", type=_ints("backoff.base_ms"), metavar="MS",
                      help="First retry delay [1000]."),
         click.option("--backoff-factor", type=click.FloatRange(*RANGES["backoff.factor"]), metavar="X",
@@ -92,6 +95,8 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
                           "[--finished-ttl-s]."),
         click.option("--keep-dead-letters/--no-keep-dead-letters", default=None,
                      help="Keep dead letters (and the job) until re-driven or discarded [no]."),
+        click.option("--pause-on-failure/--no-pause-on-failure", default=None,
+                     help="Pause the job when one of its runs is dead-lettered [no]."),
         click.option("--target-url", metavar="URL",
                      help="Run with the built-in HTTP executor (schedctl worker http): call this URL."),
         click.option("--target-method", type=click.Choice(TARGET_METHODS), help="HTTP method [POST]."),

@@ -116,6 +116,12 @@ def job_preview_table(document: Mapping[str, Any]) -> str:
             + format_table(("SCHEDULED", "STARTS", "RUN_ID"), rows))
 
 
+def explain_text(document: Mapping[str, Any]) -> str:
+    """`schedctl explain`: the server's sentence, then the facts it rests on."""
+    facts = {key: value for key, value in document.items() if key != "explanation"}
+    return f"{document['explanation']}\n\n{format_fields(facts)}"
+
+
 def _zone(tz: str | None) -> ZoneInfo | None:
     if tz is None or tz == "UTC":
         return None

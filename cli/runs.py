@@ -1,4 +1,4 @@
-"""`schedctl` commands on runs and schedules: runs, dead-letter list|retry|discard, preview."""
+"""`schedctl` commands on runs and schedules: runs, cancel-run, dead-letter list|retry|discard, preview."""
 from __future__ import annotations
 
 import click
@@ -10,6 +10,20 @@ from schedulerd.cli.session import OneLineGroup, Session
 from schedulerd.storage.model import RunState
 
 RUN_STATES = [s.value for s in RunState]
+
+
+@click.command("cancel-run")
+@click.argument("run_id")
+@click.pass_obj
+def cancel_run(session: Session, run_id: str) -> None:
+    """Cancel one run: a queued or retry-waiting one at once; a running one loses its lease,
+    its worker stops it at its next heartbeat, and its ack or nack is refused.
+
+    \b
+    Example:
+        schedctl cancel-run 0-1234-0
+    """
+    session.show(session.client.cancel_run(run_id), run_fields)
 
 
 @click.command()
@@ -143,4 +157,4 @@ def preview(session: Session, cron: str | None, tz: str | None, every: str | Non
     session.show(document, lambda doc: preview_table(doc, tz))
 
 
-COMMANDS = (runs, dead_letter, preview)
+COMMANDS = (runs, cancel_run, dead_letter, preview)

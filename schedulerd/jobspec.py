@@ -34,7 +34,7 @@ TTL_S_MAX = 10 * 366 * 86_400  # ten years; 0 keeps forever
 RETENTION_FIELDS = {"finished_ttl_s", "history_ttl_s", "keep_dead_letters"}
 OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "misfire_policy", "catchup_limit",
                  "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit",
-                 "target", "max_runs", "labels", "description"} | RETENTION_FIELDS
+                 "target", "max_runs", "labels", "description", "pause_on_failure"} | RETENTION_FIELDS
 CREATE_FIELDS = OPTION_FIELDS | {"job_id", "idempotency_key"}
 
 
@@ -202,10 +202,11 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
         out["backoff"] = backoff if backoff_base is None else {part: backoff[part] for part in raw["backoff"]}
     if "target" in raw:
         out["target"] = targets.parse_target(raw["target"], limits)
-    if "keep_dead_letters" in raw:
-        if not isinstance(raw["keep_dead_letters"], bool):
-            raise InvalidJob("keep_dead_letters must be true or false")
-        out["keep_dead_letters"] = raw["keep_dead_letters"]
+    for name in ("keep_dead_letters", "pause_on_failure"):
+        if name in raw:
+            if not isinstance(raw[name], bool):
+                raise InvalidJob(f"{name} must be true or false")
+            out[name] = raw[name]
     if "labels" in raw:
         out["labels"] = labels.check_labels(raw["labels"], limits.labels_max)
     if "description" in raw:

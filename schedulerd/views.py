@@ -65,10 +65,19 @@ def job(rec: dict[str, Any], headers_shown: bool = True,
         "description": rec.get("description"),
         "max_runs": rec.get("max_runs"),
         "runs_remaining": None if rec.get("max_runs") is None else max(0, rec["max_runs"] - rec.get("runs_made", 0)),
+        "pause_on_failure": rec.get("pause_on_failure", False),
+        "pause_cause": _pause_cause(rec.get("pause_cause")),
         "created_at": to_iso(rec["created_us"]),
         "updated_at": to_iso(rec["updated_us"]),
         "namespace": namespace,
     }
+
+
+def _pause_cause(cause: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Why a job paused itself (pause_on_failure): the run that was dead-lettered, and when."""
+    if cause is None:
+        return None
+    return {"reason": "run_dead_lettered", "run_id": cause["run_id"], "time": to_iso(cause["at_us"])}
 
 
 def _target(target: dict[str, Any] | None, headers_shown: bool) -> dict[str, Any] | None:
@@ -97,6 +106,7 @@ def run(rec: dict[str, Any]) -> dict[str, Any]:
         "error": rec["error"],
         "reason": rec.get("reason"),
         "trigger": rec.get("trigger", False),
+        "buffered": rec.get("buffered", False),
         **({"skipped_count": rec["skipped_count"], "skipped_until": to_iso(rec["skipped_until_us"])}
            if "skipped_until_us" in rec else {}),
     })

@@ -23,15 +23,14 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from schedulerd.storage import catchup, cron, ops, records
+from schedulerd.storage import catchup, cron, ops, overlap, records
 from schedulerd.storage.model import (JOB_COMPLETED, JOB_SCHEDULED, RUN_QUEUED, JobEvent, JobState, MisfirePolicy,
-                           OverlapPolicy, Reason, RunState, job_transition)
+                                      Reason, RunState, job_transition)
 from schedulerd.storage.records import Ctx, Record
 
 DEFAULT_GRACE_US = 5_000_000
 BACKFILL_SPACING_US = 100_000  # missed runs of one job are released this far apart
 BACKFILL_SPREAD_US = 1_000_000  # and each job's first one within this window after now
-_ALLOW = OverlapPolicy.ALLOW.value
 
 
 def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -51,7 +50,7 @@ def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             _advance(ctx, job, cron.next_after(job["schedule"], fire_us), fire_us, now)
             stale += 1
             continue
-        if fire_us > now and ctx.version >= ops.AHEAD_RULES_SINCE and _overlap_blocks(ctx, job):
+        if fire_us > now and ctx.version >= ops.AHEAD_RULES_SINCE and overlap.verdict(ctx, job) != overlap.RUN:
             deferred.append([job_id, fire_us])
             continue
         # Make room before adding: the records this claim makes (a catch-up summary
@@ -122,6 +121,9 @@ def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) ->
     policy = job["misfire_policy"]
     to_run = {MisfirePolicy.FIRE_ALL: found.recent, MisfirePolicy.FIRE_ONCE: found.recent[-1:],
               MisfirePolicy.SKIP: []}[MisfirePolicy(policy)]
+    replacing = overlap.replaces(ctx, job)
+    if replacing:
+        to_run = to_run[-1:]  # each would cancel the one before it at once: the newest runs, the rest are skipped
     run_set = set(to_run)
     release = now + zlib.crc32(job["job_id"].encode()) % BACKFILL_SPREAD_US
     done = False
@@ -135,7 +137,8 @@ def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) ->
                 done = True  # the occurrences after the last run a limited job may make are not its
                 break
         else:
-            made.append(_skipped(ctx, job, t, now, Reason.MISFIRE_SKIP))
+            reason = Reason.OVERLAP if replacing and policy == MisfirePolicy.FIRE_ALL else Reason.MISFIRE_SKIP
+            made.append(_skipped(ctx, job, t, now, reason))
     _advance(ctx, job, None if done else cron.next_after(job["schedule"], cutoff - 1), fire_us, now)
     return made
 
@@ -165,10 +168,15 @@ def new_run(ctx: Ctx, job: Record, scheduled_us: int, now: int, available_us: in
     deadline = job.get("starting_deadline_us")
     if deadline is not None and scheduled_us + deadline < now and not trigger:
         return _skipped(ctx, job, scheduled_us, now, Reason.DEADLINE)
-    if not trigger and _overlap_blocks(ctx, job):
+    action = overlap.RUN if trigger else overlap.verdict(ctx, job)
+    if action == overlap.SKIP:
         return _skipped(ctx, job, scheduled_us, now, Reason.OVERLAP)
+    if action == overlap.REPLACE:
+        overlap.make_way(ctx, job["job_id"], now)
     run = _new_run(ctx, job, scheduled_us, now, RUN_QUEUED, available_us)
     run["trigger"] = trigger
+    if action == overlap.BUFFER:
+        run["buffered"] = True
     records.insert_run(ctx, run, _keeps_stats(ctx, job, trigger))
     return run
 
@@ -178,16 +186,6 @@ def _keeps_stats(ctx: Ctx, job: Record, trigger: bool) -> bool:
     job that repeats and for a one-off once triggered (it may be triggered again and
     again); entries before it store every job's."""
     return ctx.version < ops.STATS_KEPT_SINCE or trigger or job["schedule"]["kind"] != "at"
-
-
-def _overlap_blocks(ctx: Ctx, job: Record) -> bool:
-    policy = job["overlap_policy"]
-    if policy == _ALLOW:
-        return False
-    stats = records.job_stats(ctx, job["job_id"])
-    if policy == OverlapPolicy.SKIP:
-        return stats["pending"] + stats["running"] > 0
-    return stats["pending"] > 0
 
 
 def _skipped(ctx: Ctx, job: Record, scheduled_us: int, now: int, reason: Reason) -> Record:

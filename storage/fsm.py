@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol
 
 import lmdb
 
-from schedulerd.storage import audit, claims, jobs, leases, ops, records, retention
+from schedulerd.storage import audit, claims, jobs, leases, ops, overlap, records, retention, run_cancel
 from schedulerd.storage.ops import Op
 from schedulerd.storage.tables import Tables, last_applied, set_last_applied
 
@@ -42,6 +42,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.DISCARD_RUN: retention.discard_run,
     Op.SWEEP_EXPIRED: retention.sweep_expired,
     Op.JOBS_ACTION: jobs.act_on_jobs,
+    Op.CANCEL_RUN: run_cancel.cancel_run,
 }
 
 ALREADY_APPLIED: dict[str, Any] = {"replayed": True}
@@ -69,6 +70,8 @@ def apply(store: Target, index: int, blob: bytes) -> tuple[Op | None, dict[str, 
             return None, ALREADY_APPLIED
         ctx = records.Ctx(txn, store.tables, store.group, index, version)
         result = HANDLERS[op](ctx, payload)
+        if ctx.freed:
+            overlap.release_freed(ctx, payload.get("now", 0))
         records.flush(ctx)
         audit.record_command(ctx, op, payload, result)
         set_last_applied(txn, store.tables, index)

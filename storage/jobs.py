@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedulerd.storage import claims, codec, cron, keys, ops, records, retry
+from schedulerd.storage import claims, codec, cron, keys, ops, records, retry, run_cancel
 from schedulerd.storage.layouts import JOB_RETENTION
-from schedulerd.storage.model import (JOB_SCHEDULED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason, RunEvent,
-                                      RunState, job_transition, run_transition)
+from schedulerd.storage.model import (JOB_SCHEDULED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason,
+                                      RunState, job_transition)
 from schedulerd.storage.records import Ctx, Record
 
 # Every optional field of a job, with its default: the API's (schedulerd/jobspec.py) and
@@ -27,7 +27,7 @@ RETENTION = frozenset(JOB_RETENTION)  # from entry version 11
 UPDATABLE = frozenset({"schedule", "schedule_spec", "queue", "payload_json", "max_attempts", "priority",
                        "misfire_policy", "catchup_limit", "starting_deadline_us", "overlap_policy", "backoff",
                        "timeout_us", "jitter_us", "history_limit", "target", "max_runs", "labels",
-                       "description"}) | RETENTION
+                       "description", "pause_on_failure"}) | RETENTION
 
 
 def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -144,8 +144,7 @@ def cancel_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     job.update(state=job_transition(job["state"], JobEvent.CANCEL), next_fire_us=None, updated_us=now)
     records.put_job(ctx, job, old_fire, was)
     for run in pending:
-        records.update_run(ctx, run, dict(run, state=run_transition(run["state"], RunEvent.CANCEL),
-                                          finished_us=now, reason=Reason.JOB_CANCELLED.value))
+        run_cancel.stop(ctx, run, now, Reason.JOB_CANCELLED)
     return {"ok": True, "cancelled_runs": len(pending)}
 
 
@@ -157,22 +156,29 @@ def _pending_runs(ctx: Ctx, job_id: str, stats: Record) -> list[Record]:
 
 
 def pause_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
+    return pause(ctx, cmd["job_id"], cmd["now"])
+
+
+def pause(ctx: Ctx, job_id: str, now: int, cause: Record | None = None) -> dict[str, Any]:
     """No new occurrences from now. From version 9 on, a repeating job's occurrences that
     came due before the pause and were not claimed are recorded skipped (`paused`): the
     resume re-arms from its own time, so they would otherwise leave no trace. A one-off's
-    stays its next fire time, for the resume (resume_job)."""
-    job = records.get_job(ctx, cmd["job_id"])
+    stays its next fire time, for the resume (resume_job). `cause`: why the job paused
+    itself (pause_on_failure), kept on the job until it is resumed."""
+    job = records.get_job(ctx, job_id)
     if job is not None:
-        claims.withdraw_ahead(ctx, job, cmd["now"])
-    err = _not_live(job, cmd["job_id"])
+        claims.withdraw_ahead(ctx, job, now)
+    err = _not_live(job, job_id)
     if err:
         return err
     skipped: dict[str, int] = {}
     if job["state"] == JobState.SCHEDULED:
         if ctx.version >= ops.OVERDUE_RECORDED_SINCE and job["schedule"]["kind"] != "at":
-            skipped = claims.skip_overdue(ctx, job, cmd["now"], None, Reason.PAUSED)
+            skipped = claims.skip_overdue(ctx, job, now, None, Reason.PAUSED)
         old_fire = job["next_fire_us"]
-        job.update(state=job_transition(job["state"], JobEvent.PAUSE), next_fire_us=None, updated_us=cmd["now"])
+        job.update(state=job_transition(job["state"], JobEvent.PAUSE), next_fire_us=None, updated_us=now)
+        if cause is not None:
+            job["pause_cause"] = cause
         records.put_job(ctx, job, old_fire, JobState.SCHEDULED)
     return {"ok": True, "skipped_reasons": skipped}
 
@@ -195,6 +201,7 @@ def resume_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
                    updated_us=now)
         if job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
+        job.pop("pause_cause", None)
         records.put_job(ctx, job, None, JobState.PAUSED)
     return {"ok": True}
 
@@ -273,6 +280,8 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         elif job["state"] == JobState.SCHEDULED and job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
     records.put_job(ctx, job, old_fire, was)
+    if "overlap_policy" in changes:
+        ctx.freed.add(job_id)  # runs buffered under a holding policy go when it no longer holds
     if ctx.version >= ops.RETENTION_SINCE and changes.keys() & RETENTION:
         records.note_check(ctx, now, job_id)  # judged by its new retention at the next sweep
     return {"ok": True, "skipped_reasons": skipped}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from schedulerd.storage import ops, queries, records, retry
+from schedulerd.storage import jobs, ops, queries, records, retry
 from schedulerd.storage.model import (PENDING_RUN_STATES, NACKED_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason,
                            RunEvent, RunState, run_transition)
 from schedulerd.storage.records import Ctx, Record
@@ -17,6 +17,8 @@ from schedulerd.storage.records import Ctx, Record
 # Every FAIR_EVERY-th entry's grants take the longest-waiting runs whatever their
 # priority, so a flood of priority-9 work cannot starve priority 0 entirely.
 FAIR_EVERY = 10
+# Why a run is cancelled under its worker's feet (storage/run_cancel.py): its heartbeat says so.
+_REVOKED = frozenset({Reason.RUN_CANCELLED.value, Reason.OVERLAP.value})
 
 
 def lease_ready(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +57,8 @@ def lease_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         tasks: list[Record] = []
         # Lazily: a run named twice is leasable only the first time.
         leasable = (run for run in (records.get_run(ctx, run_id) for run_id in run_ids)
-                    if run is not None and run["state"] in PENDING_RUN_STATES and run["available_us"] <= now)
+                    if run is not None and run["state"] in PENDING_RUN_STATES and run["available_us"] <= now
+                    and not run.get("buffered"))
         skipped += _grant_each(ctx, leasable, worker_id, now, lease_until, tasks)
         grants.append([worker_id, tasks])
     return {"grants": grants, "skipped": skipped, "now": now}
@@ -107,6 +110,9 @@ def _check_lease(run: Record | None, run_id: str, worker_id: str, fence: int, no
     """None when the caller holds the live lease, else the rejection result."""
     if run is None:
         return {"run_id": run_id, "ok": False, "code": "not_found", "message": f"no run {run_id!r}"}
+    if run["state"] == RunState.CANCELLED and run["fence"] == fence and run["reason"] in _REVOKED:
+        return {"run_id": run_id, "ok": False, "code": "stale_fence",
+                "message": f"run {run_id!r} was cancelled ({run['reason']}): its lease is revoked; stop its work"}
     if run["state"] != RUN_RUNNING or run["fence"] != fence or run["worker_id"] != worker_id:
         return {"run_id": run_id, "ok": False, "code": "stale_fence",
                 "message": f"run {run_id!r} is {run['state']} with fence {run['fence']}; "
@@ -169,11 +175,13 @@ def nack(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     """A nack repeated by the lease that already nacked the run is answered ok and changes
     nothing (`repeated`), as a repeated ack is. That nack landed when the run left `running`
     with this fence, this worker and this very error text; a lease that expired instead
-    left its own error, so a nack after an expiry is still `stale_fence`."""
+    left its own error, so a nack after an expiry is still `stale_fence`, and so is one
+    after the run was cancelled under its worker (run_cancel), whatever its error text."""
     now, run_id = cmd["now"], cmd["run_id"]
     run = records.get_run(ctx, run_id)
     if (run is not None and run["state"] in NACKED_STATES and run["fence"] == cmd["fence"]
-            and run["worker_id"] == cmd["worker_id"] and run.get("error") == cmd["error"]):
+            and run["worker_id"] == cmd["worker_id"] and run.get("error") == cmd["error"]
+            and run["reason"] not in _REVOKED):
         return {"run_id": run_id, "ok": True, "run": run, "repeated": True}
     rejection = _check_lease(run, run_id, cmd["worker_id"], cmd["fence"], now)
     if rejection:
@@ -217,6 +225,8 @@ def _fail_attempt(ctx: Ctx, run: Record, now: int, error: str, retry_event: RunE
         after = dict(run, state=run_transition(run["state"], final_event), lease_until_us=None,
                      finished_us=now, error=error, reason=Reason.MAX_ATTEMPTS.value)
     records.update_run(ctx, run, after)
+    if after["state"] == RunState.DEAD_LETTER and job is not None and job.get("pause_on_failure"):
+        jobs.pause(ctx, job["job_id"], now, {"run_id": run["run_id"], "at_us": now})
     return after
 
 

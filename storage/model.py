@@ -57,6 +57,7 @@ class Reason(str, Enum):
     LEASE_EXPIRED = "lease_expired"
     PAUSED = "paused"  # came due before a pause and was not claimed (entries of version 9 on)
     RESCHEDULED = "rescheduled"  # came due before a PATCH of the schedule and was not claimed
+    RUN_CANCELLED = "run_cancelled"  # this one run was cancelled (POST /v1/runs/{id}/cancel)
 
 
 # The reasons a `skipped` run carries (the others are a cancelled or dead-lettered run's).
@@ -125,6 +126,8 @@ class OverlapPolicy(str, Enum):
     ALLOW = "allow"
     SKIP = "skip"
     BUFFER_ONE = "buffer_one"
+    BUFFER_ALL = "buffer_all"
+    CANCEL_OTHER = "cancel_other"
 
 
 class IllegalTransition(Exception):

@@ -14,8 +14,8 @@ from schedulerd.storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 16
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+VERSION = 17
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -92,6 +92,13 @@ LABELS_SINCE = 15
 # Since 16: JOBS_ACTION pauses, resumes or cancels many jobs in one entry (a bulk action
 # by label selector; jobs.act_on_jobs).
 JOBS_ACTION_SINCE = 16
+# Since 17 (storage/overlap.py, storage/run_cancel.py):
+# - CANCEL_RUN cancels one run; a running one has its lease revoked.
+# - Overlap policies buffer_all and cancel_other; a buffer_one or buffer_all occurrence that
+#   comes due while a run of its job is running is held (`buffered`) until no run of the
+#   job is open. Before, buffer_one's waiting run could be leased beside the running one.
+# - A job may carry pause_on_failure: a run of it dead-lettered pauses it.
+RUN_CANCEL_SINCE = OVERLAP_HOLD_SINCE = PAUSE_ON_FAILURE_SINCE = 17
 
 
 class Op(IntEnum):
@@ -113,6 +120,7 @@ class Op(IntEnum):
     DISCARD_RUN = 16
     SWEEP_EXPIRED = 17
     JOBS_ACTION = 18
+    CANCEL_RUN = 19
 
 
 # What each command does, in the words of an error a user reads ("the create was not saved").
@@ -123,6 +131,7 @@ WHAT: dict[Op, str] = {
     Op.UPDATE_JOB: "the update", Op.TRIGGER_JOB: "the trigger", Op.REDRIVE_RUN: "the re-drive",
     Op.LEASE_READY: "handing out tasks", Op.PURGE_JOB: "the purge", Op.DISCARD_RUN: "the discard",
     Op.SWEEP_EXPIRED: "the retention sweep", Op.JOBS_ACTION: "the bulk action",
+    Op.CANCEL_RUN: "the run's cancel",
 }
 
 

@@ -11,7 +11,7 @@ job on every replica: by position, apply runs 3.8% fewer instructions."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import lmdb
 
@@ -42,6 +42,9 @@ class Ctx:
     stats: dict[str, Record | None] = field(default_factory=dict)
     stats_changed: set[str] = field(default_factory=set)
     state_counts: dict[str, int] = field(default_factory=dict)
+    # Jobs that have buffered runs and whose last open run closed in this entry: the
+    # entry releases the next buffered one at its end (storage/overlap.py).
+    freed: set[str] = field(default_factory=set)
     run_id_prefix: str = field(init=False)
     # How this entry stores job and run records: in their layouts from version 10 on.
     pack_job: Callable[[Record], bytes] = field(init=False)
@@ -171,8 +174,20 @@ def _count(stats: Record, run: Record, sign: int) -> None:
     stats["runs"] += sign
     if run["state"] in PENDING_RUN_STATES:
         stats["pending"] += sign
+        if run.get("buffered"):
+            # Kept only while there are some, so a job that never buffers stores the same bytes.
+            held = stats.get("buffered", 0) + sign
+            if held:
+                stats["buffered"] = held
+            else:
+                del stats["buffered"]
     elif run["state"] == RUN_RUNNING:
         stats["running"] += sign
+
+
+def open_runs(stats: Record) -> int:
+    """Runs of a job that are queued (not buffered), waiting for a retry or running."""
+    return stats["pending"] + stats["running"] - stats.get("buffered", 0)
 
 
 def _bump(ctx: Ctx, job_id: str, before: Record | None, after: Record | None) -> None:
@@ -184,6 +199,8 @@ def _bump(ctx: Ctx, job_id: str, before: Record | None, after: Record | None) ->
         if rec is not None:
             _count(stats, rec, sign)
     ctx.stats_changed.add(job_id)
+    if "buffered" in stats and open_runs(stats) == 0:
+        ctx.freed.add(job_id)
 
 
 def flush(ctx: Ctx) -> None:
@@ -219,7 +236,7 @@ def update_run(ctx: Ctx, before: Record, after: Record) -> None:
     _unindex_run(ctx, before)
     ctx.txn.put(keys.run_key(after["run_id"]), ctx.pack_run(after), True, True, False, ctx.tables.runs)
     _index_run(ctx, after)
-    if before["state"] != after["state"]:
+    if before["state"] != after["state"] or "buffered" in before:
         _bump(ctx, after["job_id"], before, after)
 
 
@@ -282,6 +299,8 @@ def reopen_dead_head(ctx: Ctx, run: Record) -> None:
 def _index_run(ctx: Ctx, run: Record) -> None:
     state = run["state"]
     if state in PENDING_RUN_STATES:
+        if run.get("buffered"):
+            return  # not leasable until released (storage/overlap.py)
         key = keys.ready_key(run["queue"], run["priority"], run["available_us"], run["run_id"])
         ctx.txn.put(key, b"", True, True, False, ctx.tables.ready)
     elif state == RUN_RUNNING:
@@ -294,12 +313,28 @@ def _index_run(ctx: Ctx, run: Record) -> None:
 def _unindex_run(ctx: Ctx, run: Record) -> None:
     state = run["state"]
     if state in PENDING_RUN_STATES:
+        if run.get("buffered"):
+            return
         key = keys.ready_key(run["queue"], run["priority"], run["available_us"], run["run_id"])
         ctx.txn.delete(key, b"", ctx.tables.ready)
     elif state == RUN_RUNNING:
         ctx.txn.delete(keys.lease_key(run["lease_until_us"], run["run_id"]), b"", ctx.tables.leases)
     elif state == RUN_DEAD_LETTER:
         ctx.txn.delete(keys.dead_letter_key(run["finished_us"], run["run_id"]), b"", ctx.tables.dead_letters)
+
+
+def newest_runs(ctx: Ctx, job_id: str) -> Iterator[Record]:
+    """One job's runs, newest occurrence first (lazily: callers stop early)."""
+    prefix = keys.occurrence_prefix(job_id)
+    with ctx.txn.cursor(db=ctx.tables.occurrences) as cur:
+        # On the job's last key: the one before the first key past all of them (the
+        # prefix and 9 bytes of 0xff), or the table's last when there is none past them.
+        found = cur.prev() if cur.set_range(prefix + b"\xff" * 9) else cur.last()
+        while found and cur.key().startswith(prefix):
+            run = get_run(ctx, cur.value().decode())
+            if run is not None:
+                yield run
+            found = cur.prev()
 
 
 def occurrence_runs(ctx: Ctx, job_id: str, limit: int | None = None, after_us: int | None = None) -> list[str]:

@@ -17,12 +17,13 @@ from schedulerd.node import RUN_ID_RE, Node
 from schedulerd.raft.group import Group
 from schedulerd.storage import ops, queries, records
 from schedulerd.storage.jobs import RETENTION
-from schedulerd.storage.model import JobState, RunState
+from schedulerd.storage.model import JobState, OverlapPolicy, RunState
 from schedulerd.storage.ops import Op
 from schedulerd.units import US_PER_S
 
 JOB_STATES = {s.value for s in JobState}
 RUN_STATES = {s.value for s in RunState}
+NEW_OVERLAP_POLICIES = frozenset({OverlapPolicy.BUFFER_ALL.value, OverlapPolicy.CANCEL_OTHER.value})
 SPEC_BYTES_ESTIMATE = 512  # a job's encoded size besides its payload, for sizing coalesced entries
 
 # A runs cursor: the occurrence time (µs) to list after, as next_cursor gave it.
@@ -212,6 +213,20 @@ async def redrive(request: web.Request) -> web.Response:
     group = _visible_run(node, request, run_id)[0]
     result = await node.propose(group, Op.REDRIVE_RUN, {
         "run_id": run_id, "audit": audit_note(request, f"re-drive run {run_id}")})
+    if not result["ok"]:
+        raise from_wire(result["code"], result["message"])
+    return views.respond({"run": views.run(result["run"])})
+
+
+async def cancel_run(request: web.Request) -> web.Response:
+    """Cancel one run: a queued or waiting one at once; a running one loses its lease, and
+    its worker hears it at its next heartbeat."""
+    node = request.app[NODE]
+    run_id = request.match_info["run_id"]
+    group = _visible_run(node, request, run_id)[0]
+    node.require_entry_version(group, ops.RUN_CANCEL_SINCE, "cancelling one run")
+    result = await node.propose(group, Op.CANCEL_RUN, {
+        "run_id": run_id, "audit": audit_note(request, f"cancel run {run_id}")})
     if not result["ok"]:
         raise from_wire(result["code"], result["message"])
     return views.respond({"run": views.run(result["run"])})
@@ -413,14 +428,18 @@ def _versions_carry(node: Node, spec: dict[str, Any]) -> None:
 
 def _check_new_fields(node: Node, group: Group, schedule: dict[str, Any] | None,
                       fields: dict[str, Any]) -> None:
-    """A schedule's bounds, a job's max_runs, labels and description need entries of the
-    versions that carry them."""
+    """A schedule's bounds, a job's max_runs, labels and description, pause_on_failure and
+    the overlap policies buffer_all and cancel_other need entries of the versions that carry them."""
     if schedule is not None and schedule.keys() & {"start_us", "end_us"}:
         node.require_entry_version(group, ops.BOUNDS_SINCE, "a schedule's start_at or end_at")
     if "max_runs" in fields:
         node.require_entry_version(group, ops.MAX_RUNS_SINCE, "max_runs")
     if fields.keys() & {"labels", "description"}:
         node.require_entry_version(group, ops.LABELS_SINCE, "labels and a description")
+    if "pause_on_failure" in fields:
+        node.require_entry_version(group, ops.PAUSE_ON_FAILURE_SINCE, "pause_on_failure")
+    if fields.get("overlap_policy") in NEW_OVERLAP_POLICIES:
+        node.require_entry_version(group, ops.OVERLAP_HOLD_SINCE, f"overlap_policy {fields['overlap_policy']}")
 
 
 def _visible_run(node: Node, request: web.Request, run_id: str) -> tuple[Group, dict[str, Any]]:

@@ -11,8 +11,9 @@ from typing import Any
 from schedulerd import auth
 from schedulerd.limits import Limits
 from schedulerd.api.openapi_schemas import (DURATION, ERROR, FENCE, IDEMPOTENCY_KEY, INT, ITEM_RESULTS, JOB, JOB_ID,
-                                        LEASE_ITEM, NAMESPACE, QUEUE, RUN, RUN_ID, STR, TASK, TIME, TIMEZONE,
-                                        WORKER_ID, Schema, batch, cron, job_create, job_patch, nullable, obj, page)
+                                        LEASE_ITEM, NAMESPACE, OCCURRENCE, OCCURRENCE_TIME, QUEUE, RUN, RUN_ID, STR,
+                                        TASK, TIME, TIMEZONE, WORKER_ID, Schema, batch, cron, job_create, job_patch,
+                                        nullable, obj, page)
 from schedulerd.storage.model import JobState, RunState
 
 # Answers that are not JSON, by route.
@@ -130,6 +131,11 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
         "/v1/runs/{run_id}/retry": {
             "post": {"summary": "Re-drive a dead letter (a fresh round of attempts)", "tags": ["runs"],
                      "parameters": [RUN_PARAM], "responses": _ok("The run, queued.", obj(run=RUN))}},
+        "/v1/runs/{run_id}/cancel": {
+            "post": {"summary": "Cancel one run: a queued or waiting one at once; a running one has its lease revoked "
+                                "(its worker hears it at its next heartbeat, and its ack or nack is refused)",
+                     "tags": ["runs"], "parameters": [RUN_PARAM], "responses": _ok("The run, cancelled.",
+                                                                                   obj(run=RUN))}},
         "/v1/dead-letter": {
             "get": {"summary": "Dead-lettered runs, oldest first", "tags": ["runs"],
                     "parameters": [QUEUE_FILTER, page_size, DEAD_LETTER_CURSOR],
@@ -149,6 +155,11 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                         job_id=STR, state={"enum": [s.value for s in JobState]},
                         occurrences={"type": "array", "items": obj(scheduled_time=TIME, start_time=TIME,
                                                                     run_id=STR)}))}},
+        "/v1/jobs/{job_id}/occurrences/{time}": {
+            "get": {"summary": "Why an instant of a job did or did not run: a verdict, one sentence and its facts, "
+                               "from the records (read-only)", "tags": ["jobs"],
+                    "parameters": [JOB_PARAM, _param("time", "path", OCCURRENCE_TIME)],
+                    "responses": _ok("The verdict.", OCCURRENCE)}},
         "/v1/tasks/poll": {
             "post": {"summary": "Long-poll for due tasks; each comes leased to this worker", "tags": ["workers"],
                      "requestBody": _body(obj(

@@ -12,9 +12,11 @@ import re
 from typing import Any
 
 from schedulerd import jobspec, namespaces, targets
+from schedulerd.api import occurrences
 from schedulerd.limits import Limits
 from schedulerd.node import RUN_ID_RE
 from schedulerd.storage.model import JobState, MisfirePolicy, OverlapPolicy, RunState
+from schedulerd.storage.occurrences import Cause, Verdict
 
 Schema = dict[str, Any]
 
@@ -134,6 +136,9 @@ def job_fields(limits: Limits) -> dict[str, Schema]:
                                              "history_limit allows; 0: forever. Default: finished_ttl_s."}),
         "keep_dead_letters": {"type": "boolean", "default": False,
                               "description": "Dead letters stay until re-driven or discarded, whatever the TTLs."},
+        "pause_on_failure": {"type": "boolean", "default": False,
+                             "description": "Pause the job when one of its runs is dead-lettered (pause_cause says "
+                                            "which); resuming it clears that."},
         "target": TARGET,
     }
 
@@ -162,14 +167,15 @@ JOB: Schema = {"type": "object", "properties": {
                                                              "state": {"enum": [s.value for s in RunState]}}},
     "last_success_time": nullable(TIME), "max_runs": {"type": ["integer", "null"]},
     "labels": {"type": "object", "additionalProperties": STR}, "description": nullable(STR),
-    "runs_remaining": {"type": ["integer", "null"]},
+    "runs_remaining": {"type": ["integer", "null"]}, "pause_on_failure": {"type": "boolean"},
+    "pause_cause": {"type": ["object", "null"], "properties": {"reason": STR, "run_id": STR, "time": TIME}},
     "warnings": {"type": "array", "items": STR}}}
 RUN: Schema = {"type": "object", "properties": {
     "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "state": {"enum": [s.value for s in RunState]},
     "scheduled_time": TIME, "available_at": nullable(TIME), "attempt": INT, "max_attempts": INT,
     "priority": INT, "fence": INT, "worker_id": nullable(STR), "lease_until": nullable(TIME),
     "created_at": nullable(TIME), "finished_at": nullable(TIME), "result": {}, "error": nullable(STR),
-    "reason": nullable(STR), "trigger": {"type": "boolean"}, "skipped_count": INT, "skipped_until": nullable(TIME)}}
+    "reason": nullable(STR), "trigger": {"type": "boolean"}, "buffered": {"type": "boolean"}, "skipped_count": INT, "skipped_until": nullable(TIME)}}
 TASK: Schema = {"type": "object", "properties": {
     "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "scheduled_time": TIME, "attempt": INT,
     "fence": INT, "idempotency_key": STR, "lease_until": TIME, "payload": {}, "target": {"type": ["object", "null"]},
@@ -183,6 +189,25 @@ ITEM_RESULTS: Schema = {"type": "object", "properties": {"results": {"type": "ar
 LEASE_ITEM: Schema = {"type": "object", "required": ["run_id", "fence"],
                       "properties": {"run_id": {"type": "string", "minLength": 1, "maxLength": 256},
                                      "fence": FENCE}}
+
+
+# GET /v1/jobs/{id}/occurrences/{time}: the instant, and the verdict with its facts (docs/api.md).
+OCCURRENCE_TIME: Schema = {"type": "string", "pattern": pattern(occurrences.TIME_RE),
+                           "examples": ["2026-11-30T02:00:00Z", "2026-11-30T03:00:00+01:00"],
+                           "description": occurrences.TIME_FORMAT}
+OCCURRENCE: Schema = {"type": "object", "required": ["job_id", "time", "verdict", "explanation"], "properties": {
+    "job_id": STR, "time": TIME, "verdict": {"enum": [v.value for v in Verdict]}, "explanation": STR,
+    "run_id": STR, "state": {"enum": [s.value for s in RunState]}, "attempt": INT, "max_attempts": INT,
+    "start_time": nullable(TIME), "finished_at": nullable(TIME), "reason": nullable(STR),
+    "trigger": {"type": "boolean"}, "buffered": {"type": "boolean"}, "skipped_from": TIME,
+    "skipped_until": nullable(TIME), "skipped_count": {"type": ["integer", "null"]},
+    "previous_occurrence": nullable(TIME), "next_occurrence": nullable(TIME), "schedule": {"type": "object"},
+    "bound": {"enum": ["start_at", "end_at"]}, "start_at": nullable(TIME), "end_at": nullable(TIME),
+    "created_at": TIME, "job_state": {"enum": [s.value for s in JobState]}, "job_updated_at": TIME,
+    "next_fire_time": nullable(TIME), "runs_remaining": INT, "kept_runs": INT, "oldest_kept_time": nullable(TIME),
+    "history_limit": INT, "history_ttl_s": {"type": "number"},
+    "pruned_by": {"type": "array", "items": {"enum": ["history_limit", "history_ttl"]}},
+    "possible_causes": {"type": "array", "items": {"enum": [c.value for c in Cause]}}}}
 
 
 def obj(required: tuple[str, ...] = (), **props: Schema) -> Schema:

@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd.api import bulk, cluster, dashboard, jobs, nodes, preview, tasks
+from schedulerd.api import bulk, cluster, dashboard, jobs, nodes, occurrences, preview, tasks
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -26,10 +26,12 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/v1/jobs/{job_id}/trigger", jobs.trigger),
     ("GET", "/v1/jobs/{job_id}/runs", jobs.job_runs),
     ("GET", "/v1/jobs/{job_id}/preview", preview.job_preview),
+    ("GET", "/v1/jobs/{job_id}/occurrences/{time}", occurrences.explain_occurrence),
     ("GET", "/v1/runs", jobs.list_runs),
     ("GET", "/v1/runs/{run_id}", jobs.get_run),
     ("DELETE", "/v1/runs/{run_id}", jobs.discard),
     ("POST", "/v1/runs/{run_id}/retry", jobs.redrive),
+    ("POST", "/v1/runs/{run_id}/cancel", jobs.cancel_run),
     ("GET", "/v1/dead-letter", jobs.dead_letter_list),
     ("POST", "/v1/tasks/poll", tasks.poll),
     ("POST", "/v1/tasks/heartbeat", tasks.heartbeat_batch),

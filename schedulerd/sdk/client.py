@@ -345,6 +345,11 @@ class Client:
                 raise
             return {"run": self.get_run(run_id)}
 
+    def cancel_run(self, run_id: str) -> dict[str, Any]:
+        """Cancel one queued, waiting or running run: `{"run": run}`. A repeat of a cancel
+        that landed is answered as the first was."""
+        return self._request("POST", f"/v1/runs/{_part(run_id)}/cancel", {})
+
     def preview(
         self,
         cron: str | None = None,
@@ -363,6 +368,11 @@ class Client:
         """An existing job's next `n` occurrences, each with the time its run becomes
         available (jitter applied): `{"job_id", "state", "occurrences": [...]}`."""
         return self._request("GET", f"/v1/jobs/{_part(job_id)}/preview", query={"n": n})
+
+    def explain_occurrence(self, job_id: str, time: str) -> dict[str, Any]:
+        """Why the job did or did not run at `time` (an ISO 8601 instant with Z or an offset):
+        `{"job_id", "time", "verdict", "explanation", ...facts}`, read from the records."""
+        return self._request("GET", f"/v1/jobs/{_part(job_id)}/occurrences/{_part(time)}")
 
     def cluster(self) -> dict[str, Any]:
         return self._request("GET", "/v1/cluster")

@@ -123,19 +123,22 @@ def digest(node: Node) -> str:
     return h.hexdigest()
 
 
-def fill(path: str, job_id: str, run_id: str) -> str:
+def fill(path: str, job_id: str, run_id: str, time: str = "") -> str:
+    path = path.replace("{time}", time.replace("/", "_"))
     return re.sub(r"\{run_id\}", lambda _: run_id.replace("/", "_"),
                   re.sub(r"\{job_id\}", lambda _: job_id.replace("/", "_"), path))
 
 
 @settings(max_examples=int(os.environ.get("SCHEDULERD_FUZZ_EXAMPLES", 300)), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(route=st.sampled_from(ROUTES), job_id=IDS, run_id=IDS, body=BODIES, query=QUERIES, headers=HEADERS)
+@given(route=st.sampled_from(ROUTES), job_id=IDS, run_id=IDS, body=BODIES, query=QUERIES, headers=HEADERS,
+       time=TIMES)
 def test_no_input_gets_a_500_hangs_or_half_applies(live: Any, route: tuple[str, str], job_id: str, run_id: str,
-                                                  body: Any, query: dict[str, str], headers: dict[str, str]) -> None:
+                                                  body: Any, query: dict[str, str], headers: dict[str, str],
+                                                  time: str) -> None:
     loop, client, node = live
     method, template = route
-    path = fill(template, job_id, run_id)
+    path = fill(template, job_id, run_id, time)
     data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
 
     async def send() -> tuple[int, str, bytes]:
@@ -276,4 +279,7 @@ def test_what_a_caller_did_not_mean_is_refused_not_guessed(live: Any) -> None:
     assert "allowed: cursor, groups, limit, queue" in refused("GET", "/v1/dead-letter?queues=q")
     assert "allowed: cursor, limit" in refused("GET", "/v1/jobs/seed/runs?state=failed")
     assert "allowed: cursor, limit" in refused("GET", "/v1/audit?since=1")
+    assert refused("GET", "/v1/jobs/seed/occurrences/2026-11-30T02:00:00Z?verbose=1") == (
+        "unknown query parameter(s): verbose; allowed: none")
+    assert "is not an ISO 8601 instant" in refused("GET", "/v1/jobs/seed/occurrences/2026-11-30T02:00:00")
     assert loop.run_until_complete(send("GET", "/v1/jobs?state=scheduled&limit=5"))[0] == 200

@@ -45,6 +45,12 @@ checks.positive_data_acceptance.enabled = false
 include-path = "/v1/preview"
 # cron and every are exclusive query parameters, which OpenAPI cannot state (and cron as above).
 checks.positive_data_acceptance.enabled = false
+
+[[operations]]
+include-path = "/v1/jobs/{job_id}/occurrences/{time}"
+# The time's pattern cannot state which days a month has, nor that an offset moves an instant
+# at the range's ends (1970-01-01T00:00:00+01:00) out of it: schema-valid may still be 400.
+checks.positive_data_acceptance.enabled = false
 """
 
 

@@ -20,6 +20,7 @@ S = 1_000_000
 CATCHUP_SPACING_US = 100_000  # missed runs of one job are released this far apart (test_semantics)
 CATCHUP_SPREAD_US = 1_000_000  # and the job's first one within this window after now
 PRUNE_SCAN_MAX = 32  # occurrences looked at per prune (records.prune_history's documented bound)
+BUFFERED_MAX = 1000  # buffered runs of one job (docs/semantics.md)
 JITTER_SPREAD = 0.2  # backoff: "deterministic jitter ±20%"
 FAIR_EVERY = 10  # every 10th LEASE_READY entry serves the longest-waiting runs first (leases.py)
 
@@ -90,6 +91,7 @@ class Model:
         self.stats_kept: set[str] = set()  # jobs whose run counts the store keeps (records.job_stats)
         self.dead_head: dict[str, tuple[int, int]] = {}  # job -> (dead_until_us, dead_behind), from version 8
         self.entry_version = ops.VERSION  # of the entry being applied: older ones keep older rules
+        self.ids = Ids(0)  # of the entry a failed attempt's pause_on_failure makes its skipped runs in
 
     # -- reads -------------------------------------------------------------------------
 
@@ -99,7 +101,8 @@ class Model:
     def stats(self, job_id: str) -> Rec:
         runs = self.job_runs(job_id)
         return {"pending": sum(r["state"] in PENDING for r in runs),
-                "running": sum(r["state"] == "running" for r in runs), "runs": len(runs)}
+                "running": sum(r["state"] == "running" for r in runs), "runs": len(runs),
+                "buffered": sum(r["state"] in PENDING and bool(r.get("buffered")) for r in runs)}
 
     def taken(self, job_id: str, t: int) -> bool:
         return any(r["job_id"] == job_id and r["scheduled_us"] == t for r in self.runs.values())
@@ -110,9 +113,13 @@ class Model:
 
     def ready(self, now: int) -> list[str]:
         """Leasable run ids, highest priority first, then earliest available, then id."""
-        ready = [r for r in self.runs.values() if r["state"] in PENDING and r["available_us"] <= now]
+        ready = [r for r in self.runs.values() if self._leasable(r, now)]
         ready.sort(key=lambda r: (-r["priority"], r["available_us"], r["run_id"].encode()))
         return [r["run_id"] for r in ready]
+
+    @staticmethod
+    def _leasable(run: Rec, now: int) -> bool:
+        return run["state"] in PENDING and run["available_us"] <= now and not run.get("buffered")
 
     def expired(self, now: int) -> set[tuple[str, int]]:
         return {(r["run_id"], r["fence"]) for r in self.runs.values()
@@ -161,6 +168,7 @@ class Model:
         job.update(state="cancelled", next_fire_us=None)
         for run in pending:  # a running run may finish
             run.update(state="cancelled", finished_us=now, reason="job_cancelled")
+            run.pop("buffered", None)
         return (True, None, len(pending)), False
 
     def _live(self, job_id: str) -> tuple[Rec | None, Any]:
@@ -190,7 +198,8 @@ class Model:
         job["state"] = "scheduled"
         return True
 
-    def pause(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+    def pause(self, index: int, cmd: Rec, cause: Rec | None = None, ids: Ids | None = None) -> tuple[Any, bool]:
+        """`cause`: a dead letter paused it (pause_on_failure), in the entry whose `ids` it uses."""
         self._withdraw_ahead(self.jobs.get(cmd["job_id"]), cmd)
         job, err = self._live(cmd["job_id"])
         if err:
@@ -198,8 +207,10 @@ class Model:
         if job["state"] == "paused":
             return (True, None), True  # idempotent
         if self.entry_version >= ops.OVERDUE_RECORDED_SINCE and job["schedule"]["kind"] != "at":
-            self._skip_overdue(Ids(index), job, cmd["now"], None, "paused")  # a one-off's waits for the resume
+            self._skip_overdue(ids or Ids(index), job, cmd["now"], None, "paused")  # a one-off's waits for the resume
         job.update(state="paused", next_fire_us=None)
+        if cause is not None:
+            job["pause_cause"] = cause
         return (True, None), False
 
     def resume(self, index: int, cmd: Rec) -> tuple[Any, bool]:
@@ -224,6 +235,7 @@ class Model:
         if limited_out(job):
             nxt = None
         job.update(state="scheduled" if nxt is not None else "completed", next_fire_us=nxt)  # past its end or limit
+        job.pop("pause_cause", None)
         return (True, None), False
 
     def update(self, index: int, cmd: Rec) -> tuple[Any, bool]:
@@ -285,7 +297,7 @@ class Model:
                 self._advance(job, next_after(job["schedule"], fire))
                 stale, advanced = stale + 1, True
                 continue
-            if fire > now and self.entry_version >= 2 and self._overlap_blocks(job):
+            if fire > now and self.entry_version >= 2 and self._verdict(job) != "run":
                 deferred.append((job_id, fire))  # the overlap rule is for the occurrence's time
                 continue
             self._prune(job_id, job["history_limit"] - 1, now)
@@ -318,6 +330,9 @@ class Model:
         the older ones get one summary record; misfire_policy picks what runs."""
         recent, made = self._recent_missed(ids, job, fire, now, cutoff)
         to_run = {"fire_all": recent, "fire_once": recent[-1:], "skip": []}[job["misfire_policy"]]
+        replacing = self.entry_version >= ops.OVERLAP_HOLD_SINCE and job["overlap_policy"] == "cancel_other"
+        if replacing:  # each run would cancel the one before: only the newest runs
+            to_run = to_run[-1:]
         k, done = 0, False
         for t in recent:
             if self.taken(job["job_id"], t):
@@ -329,7 +344,8 @@ class Model:
                     done = True  # what comes after the limit is not the job's
                     break
             else:
-                made.append(self._skipped(ids, job, t, now, "misfire_skip"))
+                reason = "overlap" if replacing and job["misfire_policy"] == "fire_all" else "misfire_skip"
+                made.append(self._skipped(ids, job, t, now, reason))
         self._advance(job, None if done else next_after(job["schedule"], cutoff - 1))
         return made
 
@@ -369,18 +385,52 @@ class Model:
         deadline = job["starting_deadline_us"]
         if not trigger and deadline is not None and t + deadline < now:
             return self._skipped(ids, job, t, now, "deadline")
-        if not trigger and self._overlap_blocks(job):
+        verdict = "run" if trigger else self._verdict(job)
+        if verdict == "skip":
             return self._skipped(ids, job, t, now, "overlap")
+        if verdict == "replace":  # cancel_other: every open run is cancelled first
+            for other in self.job_runs(job["job_id"]):
+                if other["state"] in PENDING or other["state"] == "running":
+                    other.update(state="cancelled", lease_until_us=None, finished_us=now, reason="overlap")
+                    other.pop("buffered", None)
         run = self._new_run(ids, job, t, now, "queued", avail)
         run["trigger"] = trigger
+        if verdict == "buffer":
+            run["buffered"] = True
         if trigger:
             self.stats_kept.add(job["job_id"])
         return run
 
-    def _overlap_blocks(self, job: Rec) -> bool:
-        st = self.stats(job["job_id"])
-        return {"allow": False, "skip": st["pending"] + st["running"] > 0,
-                "buffer_one": st["pending"] > 0}[job["overlap_policy"]]
+    def _verdict(self, job: Rec) -> str:
+        """What a new occurrence does by the overlap policy: run, skip, buffer or replace."""
+        st, policy = self.stats(job["job_id"]), job["overlap_policy"]
+        busy = st["pending"] + st["running"] > 0
+        if policy == "allow":
+            return "run"
+        if policy == "skip":
+            return "skip" if busy else "run"
+        if self.entry_version < ops.OVERLAP_HOLD_SINCE:  # every other policy then was buffer_one's old rule
+            return "skip" if st["pending"] else "run"
+        if policy == "buffer_one":
+            return "skip" if st["pending"] else "buffer" if st["running"] else "run"
+        if policy == "buffer_all":
+            return ("skip" if st["buffered"] >= BUFFERED_MAX else "buffer") if busy else "run"
+        return "replace" if busy else "run"
+
+    def release(self, now: int) -> None:
+        """After every entry: a job on a buffering policy with nothing open left gets its oldest
+        buffered run released; one no longer on such a policy, all of them."""
+        for job_id in sorted(self.jobs):
+            held = [r for r in self.job_runs(job_id) if r.get("buffered")]
+            if not held:
+                continue
+            holding = self.jobs[job_id]["overlap_policy"] in ("buffer_one", "buffer_all")
+            st = self.stats(job_id)
+            if holding and st["pending"] + st["running"] - st["buffered"] > 0:
+                continue
+            for run in held[:1] if holding else held:
+                del run["buffered"]
+                run["available_us"] = max(run["available_us"], now)
 
     def _skipped(self, ids: Ids, job: Rec, t: int, now: int, reason: str) -> Rec:
         run = self._new_run(ids, job, t, now, "skipped", ("exact", t))
@@ -508,7 +558,7 @@ class Model:
             got = []
             for run_id in run_ids:
                 run = self.runs.get(run_id)
-                if run is None or run["state"] not in PENDING or run["available_us"] > now:
+                if run is None or not self._leasable(run, now):
                     continue
                 if self._grant(run, worker, index, now, cmd["lease_until"]):
                     got.append(run_id)
@@ -527,8 +577,7 @@ class Model:
                 if index % FAIR_EVERY == 0:
                     return r["available_us"], r["queue"], r["run_id"].encode()
                 return -r["priority"], queues.index(r["queue"]), r["available_us"], r["run_id"].encode()
-            ready = sorted((r for r in self.runs.values()
-                            if r["state"] in PENDING and r["available_us"] <= now and r["queue"] in queues), key=order)
+            ready = sorted((r for r in self.runs.values() if self._leasable(r, now) and r["queue"] in queues), key=order)
             got = []
             for run in ready:
                 if len(got) == want:
@@ -597,17 +646,20 @@ class Model:
         run_id, by = cmd["run_id"], (cmd["worker_id"], cmd["fence"], cmd["error"])
         run = self.runs.get(run_id)
         if (run is not None and run["state"] in ("retry_wait", "dead_letter", "cancelled")
-                and run["fence"] == cmd["fence"] and self.nacked_by.get(run_id) == by):
+                and run["fence"] == cmd["fence"] and self.nacked_by.get(run_id) == by
+                and run["reason"] not in ("run_cancelled", "overlap")):  # cancelled under its worker
             return (True, None, run["state"]), True  # repeated by the lease that nacked it: ok, no change
         code = self._holds(run_id, cmd["worker_id"], cmd["fence"], cmd["now"])
         if code:
             return (False, code, None), True
+        self.ids = Ids(index)
         self._fail(run, cmd["now"], None)
         self.nacked_by[run_id] = by
         return (True, None, run["state"]), False
 
     def expire(self, index: int, cmd: Rec) -> tuple[Any, bool]:
         now, expired, dead = cmd["now"], 0, 0
+        self.ids = Ids(index)
         for run_id, fence in cmd["runs"]:
             run = self.runs.get(run_id)
             if run is None or run["state"] != "running" or run["fence"] != fence or run["lease_until_us"] > now:
@@ -628,6 +680,22 @@ class Model:
                        avail_check=("between", now + low, now + high))
         else:
             run.update(state="dead_letter", lease_until_us=None, finished_us=now, reason="max_attempts")
+            if self.jobs[run["job_id"]].get("pause_on_failure"):
+                self.pause(0, {"job_id": run["job_id"], "now": now}, {"run_id": run["run_id"], "at_us": now},
+                           self.ids)
+
+    def cancel_run(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        """One run cancelled: a queued, waiting or running one (its lease revoked); a repeat is ok."""
+        run = self.runs.get(cmd["run_id"])
+        if run is None:
+            return (False, "not_found"), True
+        if run["state"] == "cancelled" and run["reason"] == "run_cancelled":
+            return (True, None), True
+        if run["state"] not in PENDING and run["state"] != "running":
+            return (False, "conflict"), True
+        run.update(state="cancelled", lease_until_us=None, finished_us=cmd["now"], reason="run_cancelled")
+        run.pop("buffered", None)
+        return (True, None), False
 
     def redrive(self, index: int, cmd: Rec) -> tuple[Any, bool]:
         run = self.runs.get(cmd["run_id"])

@@ -57,10 +57,11 @@ WORKERS = ("w1", "w2", "w3")
 LEGAL_RUN = {(s.value, t.value) for (s, _), t in RUN_TRANSITIONS.items()}
 LEGAL_JOB = {(s.value, t.value) for (s, _), t in JOB_TRANSITIONS.items()}
 RUN_FIELDS = ("job_id", "scheduled_us", "state", "attempt", "max_attempts", "fence", "worker_id", "lease_until_us",
-              "finished_us", "reason", "trigger", "priority", "available_us")
+              "finished_us", "reason", "trigger", "priority", "available_us", "buffered")
 JOB_FIELDS = ("state", "next_fire_us", "schedule", "priority", "max_attempts", "payload_json", "misfire_policy",
               "overlap_policy", "catchup_limit", "starting_deadline_us", "timeout_us", "history_limit", "jitter_us",
-              "backoff", "finished_ttl_us", "history_ttl_us", "keep_dead_letters", "max_runs", "runs_made")
+              "backoff", "finished_ttl_us", "history_ttl_us", "keep_dead_letters", "max_runs", "runs_made",
+              "pause_on_failure", "pause_cause")
 
 Rec = dict[str, Any]
 
@@ -86,7 +87,7 @@ BACKOFFS = st.sampled_from([{"base_ms": 1000, "factor": 2.0, "max_ms": 300_000},
                             {"base_ms": 200, "factor": 3.0, "max_ms": 1000}])
 OPTIONS = {
     "misfire_policy": st.sampled_from(["fire_all", "fire_once", "skip"]),
-    "overlap_policy": st.sampled_from(["allow", "allow", "skip", "buffer_one"]),
+    "overlap_policy": st.sampled_from(["allow", "allow", "skip", "buffer_one", "buffer_all", "cancel_other"]),
     "max_attempts": st.integers(1, 3),
     "catchup_limit": st.sampled_from([1, 2, 3, 4, 20, 100]),  # small, and the default
     "starting_deadline_us": st.one_of(st.none(), st.sampled_from([1 * S, 3 * S, 10 * S])),
@@ -102,7 +103,7 @@ RETENTION = {"finished_ttl_us": st.sampled_from([0, 1 * S, 3 * S]), "history_ttl
              "keep_dead_letters": st.booleans()}
 DEFAULT_TTL_US = 2 * S
 # Optional fields of a create beside its retention: max_runs, from entry version 14.
-OPTIONAL = {**RETENTION, "max_runs": st.sampled_from([1, 2, 3])}
+OPTIONAL = {**RETENTION, "max_runs": st.sampled_from([1, 2, 3]), "pause_on_failure": st.booleans()}
 # An update's backoff names some of its parts; {"max_ms": 100} is below every base_ms
 # the jobs have, so apply refuses it.
 BACKOFF_PARTS = st.sampled_from([{"base_ms": 200}, {"max_ms": 1000}, {"factor": 3.0}, {"max_ms": 100},
@@ -242,17 +243,22 @@ def check_store(snap: Snapshot) -> None:
     assert snap.leases == {keys.lease_key(r["lease_until_us"], r["run_id"]) for r in runs if r["state"] == "running"}, \
         "lease index != running runs"
     assert snap.ready == {keys.ready_key(r["queue"], r["priority"], r["available_us"], r["run_id"])
-                          for r in runs if r["state"] in PENDING}, "ready index != queued/retry_wait runs"
+                          for r in runs if r["state"] in PENDING and not r.get("buffered")}, \
+        "ready index != queued/retry_wait runs not buffered"
     assert snap.dead_letters == {keys.dead_letter_key(r["finished_us"], r["run_id"])
                                  for r in runs if r["state"] == "dead_letter"}, "dead-letter index != dead letters"
     for job_id in snap.jobs.keys() | snap.stats.keys():
         mine = [r for r in runs if r["job_id"] == job_id]
         counted = {"pending": sum(r["state"] in PENDING for r in mine),
                    "running": sum(r["state"] == "running" for r in mine), "runs": len(mine)}
+        held = sum(r["state"] in PENDING and bool(r.get("buffered")) for r in mine)
+        assert held == 0 or any(r["state"] == "running" or (r["state"] in PENDING and not r.get("buffered"))
+                                for r in mine), f"job {job_id}: {held} buffered runs wait behind no open run"
         # A job without stored counts has them counted from its runs when a rule asks.
         if job_id in snap.stats:
             stored = dict(snap.stats[job_id])
             head = (stored.pop("dead_until_us", None), stored.pop("dead_behind", None))
+            assert stored.pop("buffered", 0) == held, f"job_stats[{job_id}] = {snap.stats[job_id]}: {held} buffered"
             assert stored == counted, f"job_stats[{job_id}] = {snap.stats[job_id]}, its runs say {counted}"
             if head[0] is not None:  # where history pruning starts: after dead letters only
                 behind = [r["state"] for r in mine if r["scheduled_us"] <= head[0]]
@@ -336,6 +342,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Apply one entry (written at `version`) to the model and the store, then check everything."""
         self.model.entry_version = version
         expected, rejected = model_fn(self.d.index + 1, payload)
+        self.model.release(payload.get("now", 0))
         before = state_digest(self.d) if rejected else None
         result = self.d.apply(op, version=version, **payload)
         self.log.append((op, version, copy.deepcopy(payload)))
@@ -654,6 +661,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         pairs = ([pool[i % len(pool)]] if pool else []) + ([list(p) for p in found] if fresh else [])
         if pairs:
             self.propose(Op.EXPIRE_LEASES, self.model.expire, now=self.now, runs=pairs)
+
+    @rule(i=PICK, ghost=st.booleans())
+    def cancel_run(self, i: int, ghost: bool) -> None:
+        run_ids = self._run_ids()
+        run_id = GHOST_RUN if ghost or not run_ids else run_ids[i % len(run_ids)]
+        self.propose(Op.CANCEL_RUN, self.model.cancel_run, now=self.now, run_id=run_id)
 
     @precondition(lambda self: any(r["state"] == "dead_letter" for r in self.model.runs.values()))
     @rule(i=PICK, version=VERSIONS)
