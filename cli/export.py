@@ -26,9 +26,11 @@ def exported(view: Mapping[str, Any], include_secrets: bool) -> dict[str, Any]:
     job: dict[str, Any] = {"job_id": view["job_id"]}
     if view.get("state") == "paused":
         job[PAUSED] = True
-    # A view's description is null when the job has none, and the API takes no null description.
+    # A view's description is null when the job has none, and the API takes no null description;
+    # a null skip_calendar is left out too, so a file of a job with none applies before entry version 19.
     job.update((name, value) for name, value in view.items()
-               if name in EXPORTED_FIELDS and name != "job_id" and not (name == "description" and value is None))
+               if name in EXPORTED_FIELDS and name != "job_id"
+               and not (name in ("description", "skip_calendar") and value is None))
     if not include_secrets and job.get("target"):
         job["target"] = masked(job["target"])
     return job

@@ -5,8 +5,8 @@ JSON value). Whatever fails, stderr gets exactly one line,
 `error: <code>: <message>`, and the exit status is 1 for an error the server
 (or the network) reported, 2 for bad usage caught before any request.
 
-The commands live by subject in cli/jobs.py, cli/runs.py, cli/explain.py and cli/worker_cmd.py;
-this module is the entry point (`schedctl = cli.main:main`) that gathers them.
+The commands live by subject in cli/jobs.py, cli/runs.py, cli/backfill.py, cli/explain.py and
+cli/worker_cmd.py; this module is the entry point (`schedctl = cli.main:main`) that gathers them.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import click
 import yaml
 from click.shell_completion import get_completion_class
 
-from schedulerd.cli import explain, jobs, live, runs
+from schedulerd.cli import backfill, explain, jobs, live, runs
+from schedulerd.cli.calendar import calendar
 from schedulerd.cli.output import cluster_text, format_fields, format_table
 from schedulerd.cli.session import CliError, OneLineGroup, Session
 from schedulerd.cli.worker_cmd import worker
@@ -166,8 +167,8 @@ def completion(shell: str) -> None:
     click.echo(cls(schedctl, {}, "schedctl", "_SCHEDCTL_COMPLETE").source())
 
 
-for _command in (*jobs.COMMANDS, explain.explain, *runs.COMMANDS, cluster, top_command, audit_command, completion,
-                 worker):
+for _command in (*jobs.COMMANDS, backfill.backfill, explain.explain, *runs.COMMANDS, cluster, top_command, audit_command, completion,
+                 worker, calendar):
     schedctl.add_command(_command)
 
 

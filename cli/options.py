@@ -31,7 +31,7 @@ PLAIN_FIELDS = {
     "timeout_s": "timeout_s", "jitter_s": "jitter_s", "history_limit": "history_limit",
     "idempotency_key": "idempotency_key", "finished_ttl_s": "finished_ttl_s", "history_ttl_s": "history_ttl_s",
     "keep_dead_letters": "keep_dead_letters", "max_runs": "max_runs", "description": "description",
-    "pause_on_failure": "pause_on_failure",
+    "pause_on_failure": "pause_on_failure", "skip_calendar": "skip_calendar",
 }
 # Parts of `backoff`; only the given ones are sent, the server fills the rest
 # (create) or keeps them (update).
@@ -85,6 +85,8 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
         click.option("--label", "labels", metavar="KEY=VALUE", multiple=True,
                      help="A label, e.g. team=billing; repeat for more (an update replaces them all)."),
         click.option("--description", metavar="TEXT", help="What the job is for, in a sentence."),
+        click.option("--skip-calendar", metavar="NAME",
+                     help="Skip the occurrences on the days of this calendar (schedctl calendar set)."),
         click.option("--max-runs", type=_ints("max_runs"), metavar="N",
                      help="Complete the job once N of its occurrences have run (triggers not counted)."),
         click.option("--finished-ttl-s", type=_ints("finished_ttl_s"), metavar="SECONDS",

@@ -181,6 +181,14 @@ class MetaGroup:
             blob = pickle.dumps(self.state, pickle.HIGHEST_PROTOCOL)
         return pickle.loads(blob)
 
+    def calendars(self) -> dict[str, Any]:
+        """The holiday calendars as this replica has applied them, uncopied (the data groups'
+        leaders read them for every claim): each applied command replaces the dict whole
+        (meta.apply works on a copy), so it never changes under a reader, who must not change it."""
+        with self._lock:
+            calendars: dict[str, Any] = self.state["calendars"]
+        return calendars
+
     def propose(self, command: dict[str, Any], loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Commit one command; the future resolves with its result on this replica."""
         fut, done = proposals.callback(loop, f"{command.get('op')}: the metadata group ")

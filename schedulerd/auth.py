@@ -144,13 +144,16 @@ class TokenFile:
 # Routes whose answer names jobs or queues of every namespace: a token limited to some
 # namespaces would learn of the others' there.
 CLUSTER_WIDE_ROUTES = frozenset({"/v1/audit", "/metrics"})
+# Routes that change what jobs of every namespace do: a calendar is the whole cluster's.
+CLUSTER_WIDE_WRITES = frozenset({"/v1/calendars/{name}"})
 
 
 def authorize(principal: Principal, method: str, route: str) -> None:
     needed = required_scopes(method, route)
     if needed is None:
         return
-    if route in CLUSTER_WIDE_ROUTES and not principal.may_use_all():
+    if (route in CLUSTER_WIDE_ROUTES or route in CLUSTER_WIDE_WRITES and method not in ("GET", "HEAD")) \
+            and not principal.may_use_all():
         raise Forbidden(f"{method} {route} spans every namespace; token {principal.name!r} is limited to "
                         f"{', '.join(sorted(principal.namespaces))}")
     if principal.scopes & needed:

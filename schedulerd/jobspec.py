@@ -21,6 +21,7 @@ from schedulerd.units import US_PER_S
 
 ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}\Z")
 QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
+CALENDAR_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
 _DURATION_PART = re.compile(r"([0-9]{1,12})(ms|s|m|h|d)")
 _UNIT_US = {"ms": 1_000, "s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
 EVERY_US_MIN = US_PER_S
@@ -34,7 +35,7 @@ TTL_S_MAX = 10 * 366 * 86_400  # ten years; 0 keeps forever
 RETENTION_FIELDS = {"finished_ttl_s", "history_ttl_s", "keep_dead_letters"}
 OPTION_FIELDS = {"schedule", "queue", "payload", "max_attempts", "priority", "misfire_policy", "catchup_limit",
                  "starting_deadline_s", "overlap_policy", "backoff", "timeout_s", "jitter_s", "history_limit",
-                 "target", "max_runs", "labels", "description", "pause_on_failure"} | RETENTION_FIELDS
+                 "target", "max_runs", "labels", "description", "pause_on_failure", "skip_calendar"} | RETENTION_FIELDS
 CREATE_FIELDS = OPTION_FIELDS | {"job_id", "idempotency_key"}
 
 
@@ -215,6 +216,11 @@ def parse_options(raw: dict[str, Any], now_us: int, limits: Limits,
             raise InvalidJob(f"description must be text of at most {limits.description_chars_max} characters "
                              "(description_chars_max)")
         out["description"] = text
+    if "skip_calendar" in raw:  # null names none; that the calendar exists is the API's check
+        name = raw["skip_calendar"]
+        if name is not None and (not isinstance(name, str) or not CALENDAR_NAME_RE.match(name)):
+            raise InvalidJob("skip_calendar must be a calendar's name (1-64 characters of A-Z a-z 0-9 _ . -) or null")
+        out["skip_calendar"] = name
     if "max_runs" in raw:  # null lifts the limit
         out["max_runs"] = None if raw["max_runs"] is None else _int_in(raw["max_runs"], "max_runs",
                                                                        *RANGES["max_runs"])

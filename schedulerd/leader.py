@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from schedulerd.errors import SchedulerError
 from schedulerd.node import Node
 from schedulerd.raft.group import Group
-from schedulerd.storage import queries
+from schedulerd.storage import calendars, queries, records
 from schedulerd.storage.ops import Op
 from schedulerd.sweeper import Sweeper
 from schedulerd.units import US_PER_S
@@ -89,11 +90,24 @@ class LeaderLoops:
         batch = due[: limits.claim_batch_max]
         result = await self.node.propose(group, Op.CLAIM_BATCH, {
             "now": now, "grace_us": int(cfg.misfire_grace_s * US_PER_S),
-            "claims": [[job_id, fire] for job_id, fire in batch]})
+            "claims": [[job_id, fire] for job_id, fire in batch], **self._calendars(group, batch)})
         deferred.update((job_id, fire) for job_id, fire in result["deferred"])
         log.debug("claim_batch group=%d claimed=%d stale=%d deferred=%d", group.group_id, len(result["runs"]),
                   result["stale"], len(result["deferred"]))
         return len(due) > len(batch)
+
+    def _calendars(self, group: Group, batch: list[tuple[str, int]]) -> dict[str, Any]:
+        """The calendars the batch's jobs name, as this node's metadata replica has them, for
+        the claim entry to carry (apply reads no metadata); nothing while there is no calendar."""
+        stored = self.node.topology.meta.calendars() if self.node.topology is not None else {}
+        if not stored:
+            return {}
+        with self.node.read(group) as (txn, tables):
+            reader = records.Reader(txn, tables)
+            jobs = [records.get_job(reader, job_id) for job_id, _ in batch]
+        carried = calendars.carried(stored, {job["skip_calendar"] for job in jobs
+                                             if job is not None and job.get("skip_calendar") is not None})
+        return {"calendars": carried} if carried else {}
 
     async def expire_leases(self, group: Group) -> bool:
         limits = self.node.config.limits

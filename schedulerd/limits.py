@@ -71,12 +71,19 @@ class Limits:
     poll_queues_max: int = 64
     # Characters of a cron expression (croniter's work grows with it).
     cron_chars_max: int = 256
+    # Holiday calendars in the cluster (metadata group state, held whole in memory on every node).
+    calendars_max: int = 100
+    # Disjoint date ranges of one calendar, after merging (a claim entry may carry them).
+    calendar_ranges_max: int = 1000
     # Labels on one job (each key and value is also bounded by Kubernetes' syntax).
     labels_max: int = 64
     # Characters of a job's description.
     description_chars_max: int = 1024
     # Jobs one bulk pause, resume or cancel entry acts on; more take several entries.
     bulk_batch_max: int = 500
+    # Occurrences one backfill request may name (one Raft entry; each is checked against
+    # the schedule in apply).
+    backfill_occurrences_max: int = 1000
     # HTTP request line and each header line, bytes (the HTTP parser answers 400 past them).
     header_line_bytes_max: int = 8190
     # Headers in one request.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from schedulerd.storage import catchup, cron, ops, overlap, records
+from schedulerd.storage import calendars as calendars_, catchup, cron, ops, overlap, records
 from schedulerd.storage.model import (JOB_COMPLETED, JOB_SCHEDULED, RUN_QUEUED, JobEvent, JobState, MisfirePolicy,
                                       Reason, RunState, job_transition)
 from schedulerd.storage.records import Ctx, Record
@@ -35,6 +35,7 @@ BACKFILL_SPREAD_US = 1_000_000  # and each job's first one within this window af
 
 def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     now, grace = cmd["now"], cmd.get("grace_us", DEFAULT_GRACE_US)
+    calendars = cmd.get("calendars", {}) if ctx.version >= ops.CALENDAR_SINCE else {}
     queued: list[str] = []
     deferred: list[list[Any]] = []
     stale = skipped = 0
@@ -57,8 +58,8 @@ def claim_batch(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         # among them) are always there to read, even past history_limit.
         records.prune_history(ctx, job_id, job["history_limit"] - 1, now)
         cutoff = now - grace
-        made = [_claim_on_time(ctx, job, fire_us, now, fire_us)] if fire_us >= cutoff else \
-            _claim_missed(ctx, job, fire_us, now, cutoff)
+        made = [_claim_on_time(ctx, job, fire_us, now, fire_us, calendars)] if fire_us >= cutoff else \
+            _claim_missed(ctx, job, fire_us, now, cutoff, calendars)
         skipped += sort_made(made, queued, reasons)
     return {"runs": queued, "skipped": skipped, "stale": stale, "skipped_reasons": reasons, "deferred": deferred}
 
@@ -81,17 +82,22 @@ def claim_created(ctx: Ctx, job: Record, now: int, grace_us: int, ahead_us: int)
     """Claim a new job's first occurrence in the entry that creates it, when it is due
     within `ahead_us` and was not missed: what the leader's next scan would do, without
     a claim entry and a second write of the job. Stores the job either way; returns the
-    run made, or None when the occurrence is left to the scan."""
+    run made, or None when the occurrence is left to the scan. A job naming a calendar
+    leaves it to the scan, whose entry carries the calendar (a create's does not)."""
     fire_us = job["next_fire_us"]
-    if fire_us is None or not now - grace_us <= fire_us <= now + ahead_us:
+    if fire_us is None or not now - grace_us <= fire_us <= now + ahead_us or job.get("skip_calendar") is not None:
         records.put_job(ctx, job, None, None)
         return None
-    return _claim_on_time(ctx, job, fire_us, now, None)
+    return _claim_on_time(ctx, job, fire_us, now, None, {})
 
 
-def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int, old_fire: int | None) -> Record:
+def _claim_on_time(ctx: Ctx, job: Record, fire_us: int, now: int, old_fire: int | None,
+                   calendars: calendars_.Calendars) -> Record:
     nxt = cron.next_after(job["schedule"], fire_us)
-    run = new_run(ctx, job, fire_us, now, fire_us + start_offset_us(job, fire_us, nxt, ctx.version))
+    if calendars_.skips(calendars, job, fire_us):
+        run = skipped_run(ctx, job, fire_us, now, Reason.CALENDAR)
+    else:
+        run = new_run(ctx, job, fire_us, now, fire_us + start_offset_us(job, fire_us, nxt, ctx.version))
     _advance(ctx, job, None if _count_run(job, run) else nxt, old_fire, now)
     return run
 
@@ -112,7 +118,8 @@ def _count_run(job: Record, run: Record) -> bool:
     return limit_reached(job)
 
 
-def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) -> list[Record]:
+def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int,
+                  calendars: calendars_.Calendars) -> list[Record]:
     found = catchup.missed(job["schedule"], fire_us, cutoff, job["catchup_limit"],
                            exact=ctx.version >= ops.OVERDUE_RECORDED_SINCE)
     made: list[Record] = []
@@ -130,7 +137,9 @@ def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) ->
     for t in found.recent:
         if records.occurrence_taken(ctx, job["job_id"], t):
             continue  # a manual trigger or a run claimed ahead already stands for it
-        if t in run_set:
+        if calendars_.skips(calendars, job, t):
+            made.append(skipped_run(ctx, job, t, now, Reason.CALENDAR))
+        elif t in run_set:
             made.append(new_run(ctx, job, t, now, release))
             release += BACKFILL_SPACING_US
             if _count_run(job, made[-1]):
@@ -138,7 +147,7 @@ def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int) ->
                 break
         else:
             reason = Reason.OVERLAP if replacing and policy == MisfirePolicy.FIRE_ALL else Reason.MISFIRE_SKIP
-            made.append(_skipped(ctx, job, t, now, reason))
+            made.append(skipped_run(ctx, job, t, now, reason))
     _advance(ctx, job, None if done else cron.next_after(job["schedule"], cutoff - 1), fire_us, now)
     return made
 
@@ -155,7 +164,7 @@ def skip_overdue(ctx: Ctx, job: Record, now: int, before_us: int | None, reason:
     records.prune_history(ctx, job["job_id"], job["history_limit"] - 1, now)
     found = catchup.missed(job["schedule"], fire_us, end, job["catchup_limit"])
     made = [_summary(ctx, job, found, now)] if found.older_first is not None else []
-    made += [_skipped(ctx, job, t, now, reason) for t in found.recent
+    made += [skipped_run(ctx, job, t, now, reason) for t in found.recent
              if not records.occurrence_taken(ctx, job["job_id"], t)]
     reasons: dict[str, int] = {}
     sort_made(made, [], reasons)
@@ -163,18 +172,21 @@ def skip_overdue(ctx: Ctx, job: Record, now: int, before_us: int | None, reason:
 
 
 def new_run(ctx: Ctx, job: Record, scheduled_us: int, now: int, available_us: int,
-            trigger: bool = False) -> Record:
-    """The run of one occurrence: queued, or skipped by the deadline or overlap rules."""
+            trigger: bool = False, backfill: bool = False) -> Record:
+    """The run of one occurrence: queued, or skipped by the deadline or overlap rules. A
+    trigger is subject to neither; a backfilled occurrence (storage/backfill.py) to no deadline."""
     deadline = job.get("starting_deadline_us")
-    if deadline is not None and scheduled_us + deadline < now and not trigger:
-        return _skipped(ctx, job, scheduled_us, now, Reason.DEADLINE)
+    if deadline is not None and scheduled_us + deadline < now and not (trigger or backfill):
+        return skipped_run(ctx, job, scheduled_us, now, Reason.DEADLINE)
     action = overlap.RUN if trigger else overlap.verdict(ctx, job)
     if action == overlap.SKIP:
-        return _skipped(ctx, job, scheduled_us, now, Reason.OVERLAP)
+        return skipped_run(ctx, job, scheduled_us, now, Reason.OVERLAP)
     if action == overlap.REPLACE:
         overlap.make_way(ctx, job["job_id"], now)
     run = _new_run(ctx, job, scheduled_us, now, RUN_QUEUED, available_us)
     run["trigger"] = trigger
+    if backfill:
+        run["starting_deadline_us"] = None  # its lease checks the run's own copy
     if action == overlap.BUFFER:
         run["buffered"] = True
     records.insert_run(ctx, run, _keeps_stats(ctx, job, trigger))
@@ -188,7 +200,7 @@ def _keeps_stats(ctx: Ctx, job: Record, trigger: bool) -> bool:
     return ctx.version < ops.STATS_KEPT_SINCE or trigger or job["schedule"]["kind"] != "at"
 
 
-def _skipped(ctx: Ctx, job: Record, scheduled_us: int, now: int, reason: Reason) -> Record:
+def skipped_run(ctx: Ctx, job: Record, scheduled_us: int, now: int, reason: Reason) -> Record:
     run = _new_run(ctx, job, scheduled_us, now, RunState.SKIPPED.value, scheduled_us)
     run.update(reason=reason.value, finished_us=now)
     records.insert_run(ctx, run, _keeps_stats(ctx, job, False))

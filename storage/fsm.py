@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol
 
 import lmdb
 
-from schedulerd.storage import audit, claims, jobs, leases, ops, overlap, records, retention, run_cancel
+from schedulerd.storage import audit, backfill, claims, jobs, leases, ops, overlap, records, retention, run_cancel
 from schedulerd.storage.ops import Op
 from schedulerd.storage.tables import Tables, last_applied, set_last_applied
 
@@ -43,6 +43,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.SWEEP_EXPIRED: retention.sweep_expired,
     Op.JOBS_ACTION: jobs.act_on_jobs,
     Op.CANCEL_RUN: run_cancel.cancel_run,
+    Op.BACKFILL_JOB: backfill.backfill_job,
 }
 
 ALREADY_APPLIED: dict[str, Any] = {"replayed": True}

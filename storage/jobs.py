@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedulerd.storage import claims, codec, cron, keys, ops, records, retry, run_cancel
+from schedulerd.storage import claims, codec, cron, keys, ops, overlap, records, retry, run_cancel
 from schedulerd.storage.layouts import JOB_RETENTION
 from schedulerd.storage.model import (JOB_SCHEDULED, JobEvent, JobState, MisfirePolicy, OverlapPolicy, Reason,
                                       RunState, job_transition)
@@ -27,7 +27,7 @@ RETENTION = frozenset(JOB_RETENTION)  # from entry version 11
 UPDATABLE = frozenset({"schedule", "schedule_spec", "queue", "payload_json", "max_attempts", "priority",
                        "misfire_policy", "catchup_limit", "starting_deadline_us", "overlap_policy", "backoff",
                        "timeout_us", "jitter_us", "history_limit", "target", "max_runs", "labels",
-                       "description", "pause_on_failure"}) | RETENTION
+                       "description", "pause_on_failure", "skip_calendar"}) | RETENTION
 
 
 def create_jobs(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -280,8 +280,8 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
         elif job["state"] == JobState.SCHEDULED and job["next_fire_us"] is None:
             job["state"] = job_transition(job["state"], JobEvent.LAST_OCCURRENCE)
     records.put_job(ctx, job, old_fire, was)
-    if "overlap_policy" in changes:
-        ctx.freed.add(job_id)  # runs buffered under a holding policy go when it no longer holds
+    if "overlap_policy" in changes and changes["overlap_policy"] not in overlap.HOLDING:
+        overlap.release_all(ctx, job_id, now)  # what the old policy held waits for nothing now
     if ctx.version >= ops.RETENTION_SINCE and changes.keys() & RETENTION:
         records.note_check(ctx, now, job_id)  # judged by its new retention at the next sweep
     return {"ok": True, "skipped_reasons": skipped}

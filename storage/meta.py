@@ -8,7 +8,10 @@ hundred nodes), held whole in memory and snapshotted whole.
 A membership change of a group is two entries: `begin_change` records it (one per group at
 a time, and only against the placement epoch the planner saw), the placement driver carries
 it out in the group's own Raft log, and `end_change` records how it ended; only a change
-that ended well moves the group's members and the epoch."""
+that ended well moves the group's members and the epoch.
+
+It also holds the named holiday calendars (storage/calendars.py), which the data groups'
+leaders copy into the claim entries of the jobs that name one."""
 from __future__ import annotations
 
 import copy
@@ -31,7 +34,7 @@ META_REPLICAS = (3, 5)
 
 def empty() -> dict[str, Any]:
     return {"cluster": None, "epoch": 0, "nodes": {}, "placement": {}, "changes": {},
-            "moves": {"done": 0, "failed": 0}}
+            "moves": {"done": 0, "failed": 0}, "calendars": {}}
 
 
 def apply(state: dict[str, Any], command: dict[str, Any]) -> dict[str, Any]:
@@ -175,8 +178,27 @@ def _end_change(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "epoch": state["epoch"]}
 
 
+def _calendar_set(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    """Create or replace a calendar; its days come normalised (calendars.normalise) from the
+    API. The count limit travels in the command, so every replica judges it alike."""
+    calendars = state["calendars"]
+    name = c["name"]
+    created = name not in calendars
+    if created and len(calendars) >= c["calendars_max"]:
+        return _refused(f"there are {len(calendars)} calendars, the most calendars_max allows")
+    calendars[name] = {"timezone": c["timezone"], "ranges": c["ranges"], "updated_us": c["now"]}
+    return {"ok": True, "created": created}
+
+
+def _calendar_delete(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    if state["calendars"].pop(c["name"], None) is None:
+        return _refused(f"no calendar {c['name']!r}")
+    return {"ok": True}
+
+
 _HANDLERS = {"bootstrap": _bootstrap, "register": _register, "set_state": _set_state,
-             "begin_change": _begin_change, "end_change": _end_change}
+             "begin_change": _begin_change, "end_change": _end_change,
+             "calendar_set": _calendar_set, "calendar_delete": _calendar_delete}
 
 
 def data_placement(state: dict[str, Any]) -> dict[int, tuple[str, ...]]:

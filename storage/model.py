@@ -58,11 +58,12 @@ class Reason(str, Enum):
     PAUSED = "paused"  # came due before a pause and was not claimed (entries of version 9 on)
     RESCHEDULED = "rescheduled"  # came due before a PATCH of the schedule and was not claimed
     RUN_CANCELLED = "run_cancelled"  # this one run was cancelled (POST /v1/runs/{id}/cancel)
+    CALENDAR = "calendar"  # fell on a day of the job's skip_calendar (entries of version 19 on)
 
 
 # The reasons a `skipped` run carries (the others are a cancelled or dead-lettered run's).
 SKIP_REASONS = (Reason.MISFIRE_SKIP, Reason.CATCHUP_LIMIT, Reason.DEADLINE, Reason.OVERLAP, Reason.PAUSED,
-                Reason.RESCHEDULED)
+                Reason.RESCHEDULED, Reason.CALENDAR)
 
 
 R, J = RunState, JobState

@@ -78,7 +78,7 @@ class Answer:
 
 def explain(reader: Reader, job: Record, at_us: int, now_us: int) -> Answer:
     """The verdict on instant `at_us` of `job` at `now_us`, from the records `reader` sees."""
-    run = _run_at(reader, job["job_id"], at_us)
+    run = records.run_at(reader, job["job_id"], at_us)
     if run is not None:
         return _recorded(run, now_us)
     schedule = job["schedule"]
@@ -176,11 +176,6 @@ def _kept_history(reader: Reader, job_id: str, limit: int) -> tuple[int, int | N
         if run is not None and run["state"] in _TERMINAL:
             return len(run_ids), run["scheduled_us"]
     return len(run_ids), None
-
-
-def _run_at(reader: Reader, job_id: str, at_us: int) -> Record | None:
-    raw = reader.txn.get(keys.occurrence_key(job_id, at_us), None, reader.tables.occurrences)
-    return records.get_run(reader, raw.decode()) if raw is not None else None
 
 
 def _summary_covering(reader: Reader, job_id: str, at_us: int) -> Record | None:

@@ -14,8 +14,8 @@ from schedulerd.storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 17
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17})
+VERSION = 19
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -99,6 +99,14 @@ JOBS_ACTION_SINCE = 16
 #   job is open. Before, buffer_one's waiting run could be leased beside the running one.
 # - A job may carry pause_on_failure: a run of it dead-lettered pauses it.
 RUN_CANCEL_SINCE = OVERLAP_HOLD_SINCE = PAUSE_ON_FAILURE_SINCE = 17
+# Since 18: BACKFILL_JOB makes a run for each named occurrence of a job's schedule that has
+# none yet (storage/backfill.py).
+BACKFILL_SINCE = 18
+# Since 19 (storage/calendars.py): a job may carry skip_calendar, and a claim entry carries the
+# calendars its jobs name (`calendars`); an occurrence whose local date a carried calendar
+# lists is recorded skipped (`calendar`), on time and in a catch-up. A create entry does not
+# claim the first occurrence of a job naming a calendar: the scan's claim entry does.
+CALENDAR_SINCE = 19
 
 
 class Op(IntEnum):
@@ -121,6 +129,7 @@ class Op(IntEnum):
     SWEEP_EXPIRED = 17
     JOBS_ACTION = 18
     CANCEL_RUN = 19
+    BACKFILL_JOB = 20
 
 
 # What each command does, in the words of an error a user reads ("the create was not saved").
@@ -131,7 +140,7 @@ WHAT: dict[Op, str] = {
     Op.UPDATE_JOB: "the update", Op.TRIGGER_JOB: "the trigger", Op.REDRIVE_RUN: "the re-drive",
     Op.LEASE_READY: "handing out tasks", Op.PURGE_JOB: "the purge", Op.DISCARD_RUN: "the discard",
     Op.SWEEP_EXPIRED: "the retention sweep", Op.JOBS_ACTION: "the bulk action",
-    Op.CANCEL_RUN: "the run's cancel",
+    Op.CANCEL_RUN: "the run's cancel", Op.BACKFILL_JOB: "the backfill",
 }
 
 

@@ -11,7 +11,8 @@ open (queued, waiting for a retry, or running), and where buffered runs are rele
 
 A waiting ("buffered") run is queued but kept out of the ready index, so no worker can
 lease it. The entry that closes the last open run of its job releases the oldest buffered
-one (`release_freed`): they run one after another. Entries before version 17 knew no
+one (`release_freed`): they run one after another, whichever policy buffered them (a
+backfill may name its own). A PATCH to a policy that does not buffer releases them all. Entries before version 17 knew no
 buffering: buffer_one skipped only while a run waited, and that run could be leased beside
 the running one."""
 from __future__ import annotations
@@ -22,7 +23,7 @@ from schedulerd.storage.records import Ctx, Record
 
 RUN, SKIP, BUFFER, REPLACE = "run", "skip", "buffer", "replace"
 BUFFERED_MAX = 1000  # buffered runs of one job: a job that always overruns must not grow without end
-HOLDING = frozenset({OverlapPolicy.BUFFER_ONE.value, OverlapPolicy.BUFFER_ALL.value})
+HOLDING = frozenset({OverlapPolicy.BUFFER_ONE.value, OverlapPolicy.BUFFER_ALL.value})  # policies that buffer
 _ALLOW, _SKIP = OverlapPolicy.ALLOW.value, OverlapPolicy.SKIP.value
 _BUFFER_ONE, _BUFFER_ALL = OverlapPolicy.BUFFER_ONE.value, OverlapPolicy.BUFFER_ALL.value
 _CANCEL_OTHER = OverlapPolicy.CANCEL_OTHER.value
@@ -64,25 +65,32 @@ def make_way(ctx: Ctx, job_id: str, now: int) -> None:
 
 
 def release_freed(ctx: Ctx, now: int) -> None:
-    """At the end of an entry: for each job whose last open run it closed, release its
-    oldest buffered run into the ready queue; a job no longer on a buffering policy (a
-    PATCH changed it) gets all of its buffered runs released."""
+    """At the end of an entry: each job whose last open run it closed gets its oldest
+    buffered run released into the ready queue."""
     for job_id in sorted(ctx.freed):
         stats = records.job_stats(ctx, job_id)
-        held = stats.get("buffered", 0)
-        job = records.get_job(ctx, job_id)
-        if not held or job is None:
-            continue
-        holding = job["overlap_policy"] in HOLDING
-        if holding and records.open_runs(stats):
-            continue
-        open_runs = _open_runs(ctx, job_id, stats["pending"] + stats["running"])
-        buffered = [run for run in open_runs if run.get("buffered")]
-        for run in reversed(buffered[-1:] if holding else buffered):  # oldest first
-            after = dict(run, available_us=max(run["available_us"], now))
-            del after["buffered"]
-            records.update_run(ctx, run, after)
+        if stats.get("buffered") and not records.open_runs(stats):
+            _release(ctx, _buffered(ctx, job_id, stats)[-1:], now)
     ctx.freed.clear()
+
+
+def release_all(ctx: Ctx, job_id: str, now: int) -> None:
+    """Release every buffered run of a job whose policy no longer buffers (a PATCH)."""
+    stats = records.job_stats(ctx, job_id)
+    if stats.get("buffered"):
+        _release(ctx, _buffered(ctx, job_id, stats), now)
+
+
+def _buffered(ctx: Ctx, job_id: str, stats: Record) -> list[Record]:
+    """The job's buffered runs, newest first."""
+    return [run for run in _open_runs(ctx, job_id, stats["pending"] + stats["running"]) if run.get("buffered")]
+
+
+def _release(ctx: Ctx, runs: list[Record], now: int) -> None:
+    for run in reversed(runs):  # oldest first
+        after = dict(run, available_us=max(run["available_us"], now))
+        del after["buffered"]
+        records.update_run(ctx, run, after)
 
 
 def _open_runs(ctx: Ctx, job_id: str, count: int) -> list[Record]:

@@ -137,6 +137,12 @@ def get_run(ctx: Ctx | Reader, run_id: str) -> Record | None:
     return RUNS.unpack(raw) if raw else None
 
 
+def run_at(ctx: Ctx | Reader, job_id: str, scheduled_us: int) -> Record | None:
+    """The run of the job's occurrence at scheduled_us, if it has one."""
+    raw = ctx.txn.get(keys.occurrence_key(job_id, scheduled_us), None, ctx.tables.occurrences)
+    return get_run(ctx, raw.decode()) if raw is not None else None
+
+
 def occurrence_taken(ctx: Ctx, job_id: str, scheduled_us: int) -> bool:
     return ctx.txn.get(keys.occurrence_key(job_id, scheduled_us), None, ctx.tables.occurrences) is not None
 

@@ -11,7 +11,7 @@ from schedulerd.api import forward, inputs
 from schedulerd.api.keys import CREATES, NODE
 from schedulerd.auth import audit_note, may_manage_jobs
 from schedulerd.coalescer import Coalescer
-from schedulerd.errors import InvalidRequest, NotFound, SchedulerError, from_wire
+from schedulerd.errors import InvalidJob, InvalidRequest, NotFound, SchedulerError, from_wire
 from schedulerd.limits import Limits
 from schedulerd.node import RUN_ID_RE, Node
 from schedulerd.raft.group import Group
@@ -208,28 +208,14 @@ def _page_response(request: web.Request, local: list[Group], field: str, items: 
 
 
 async def redrive(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    run_id = request.match_info["run_id"]
-    group = _visible_run(node, request, run_id)[0]
-    result = await node.propose(group, Op.REDRIVE_RUN, {
-        "run_id": run_id, "audit": audit_note(request, f"re-drive run {run_id}")})
-    if not result["ok"]:
-        raise from_wire(result["code"], result["message"])
-    return views.respond({"run": views.run(result["run"])})
+    return views.respond({"run": views.run(await _run_command(request, Op.REDRIVE_RUN, "re-drive run"))})
 
 
 async def cancel_run(request: web.Request) -> web.Response:
     """Cancel one run: a queued or waiting one at once; a running one loses its lease, and
     its worker hears it at its next heartbeat."""
-    node = request.app[NODE]
-    run_id = request.match_info["run_id"]
-    group = _visible_run(node, request, run_id)[0]
-    node.require_entry_version(group, ops.RUN_CANCEL_SINCE, "cancelling one run")
-    result = await node.propose(group, Op.CANCEL_RUN, {
-        "run_id": run_id, "audit": audit_note(request, f"cancel run {run_id}")})
-    if not result["ok"]:
-        raise from_wire(result["code"], result["message"])
-    return views.respond({"run": views.run(result["run"])})
+    run = await _run_command(request, Op.CANCEL_RUN, "cancel run", (ops.RUN_CANCEL_SINCE, "cancelling one run"))
+    return views.respond({"run": views.run(run)})
 
 
 async def create_batch(request: web.Request) -> web.Response:
@@ -345,15 +331,24 @@ async def cancel(request: web.Request) -> web.Response:
 
 async def discard(request: web.Request) -> web.Response:
     """Delete a dead letter: it leaves the dead-letter list and its job's history."""
+    run = await _run_command(request, Op.DISCARD_RUN, "discard dead letter",
+                             (ops.PURGE_SINCE, "discarding a dead letter"))
+    return views.respond({"run_id": run["run_id"], "discarded": True, "run": views.run(run)})
+
+
+async def _run_command(request: web.Request, op: Op, audit_what: str,
+                       needs: tuple[int, str] | None = None) -> dict[str, Any]:
+    """Propose `op` on the run the path names (404 unless the caller may see it), once its
+    group writes the entry version `needs` names; the run as the command left it."""
     node = request.app[NODE]
     run_id = request.match_info["run_id"]
     group = _visible_run(node, request, run_id)[0]
-    node.require_entry_version(group, ops.PURGE_SINCE, "discarding a dead letter")
-    result = await node.propose(group, Op.DISCARD_RUN, {
-        "run_id": run_id, "audit": audit_note(request, f"discard dead letter {run_id}")})
+    if needs is not None:
+        node.require_entry_version(group, *needs)
+    result = await node.propose(group, op, {"run_id": run_id, "audit": audit_note(request, f"{audit_what} {run_id}")})
     if not result["ok"]:
         raise from_wire(result["code"], result["message"])
-    return views.respond({"run_id": run_id, "discarded": True, "run": views.run(result["run"])})
+    return result["run"]
 
 
 async def job_runs(request: web.Request) -> web.Response:
@@ -428,8 +423,9 @@ def _versions_carry(node: Node, spec: dict[str, Any]) -> None:
 
 def _check_new_fields(node: Node, group: Group, schedule: dict[str, Any] | None,
                       fields: dict[str, Any]) -> None:
-    """A schedule's bounds, a job's max_runs, labels and description, pause_on_failure and
-    the overlap policies buffer_all and cancel_other need entries of the versions that carry them."""
+    """A schedule's bounds, a job's max_runs, labels and description, pause_on_failure,
+    skip_calendar and the overlap policies buffer_all and cancel_other need entries of the
+    versions that carry them; skip_calendar must name a calendar that exists."""
     if schedule is not None and schedule.keys() & {"start_us", "end_us"}:
         node.require_entry_version(group, ops.BOUNDS_SINCE, "a schedule's start_at or end_at")
     if "max_runs" in fields:
@@ -438,6 +434,11 @@ def _check_new_fields(node: Node, group: Group, schedule: dict[str, Any] | None,
         node.require_entry_version(group, ops.LABELS_SINCE, "labels and a description")
     if "pause_on_failure" in fields:
         node.require_entry_version(group, ops.PAUSE_ON_FAILURE_SINCE, "pause_on_failure")
+    if "skip_calendar" in fields:
+        node.require_entry_version(group, ops.CALENDAR_SINCE, "skip_calendar")
+        name = fields["skip_calendar"]
+        if name is not None and (node.topology is None or name not in node.topology.meta.calendars()):
+            raise InvalidJob(f"skip_calendar names no calendar {name!r}: create it first (PUT /v1/calendars/{name})")
     if fields.get("overlap_policy") in NEW_OVERLAP_POLICIES:
         node.require_entry_version(group, ops.OVERLAP_HOLD_SINCE, f"overlap_policy {fields['overlap_policy']}")
 

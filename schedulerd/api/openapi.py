@@ -10,10 +10,11 @@ from typing import Any
 
 from schedulerd import auth
 from schedulerd.limits import Limits
-from schedulerd.api.openapi_schemas import (DURATION, ERROR, FENCE, IDEMPOTENCY_KEY, INT, ITEM_RESULTS, JOB, JOB_ID,
+from schedulerd.api.openapi_schemas import (BACKFILL_ANSWER, BACKFILL_REQUEST, DURATION, ERROR, FENCE, IDEMPOTENCY_KEY, INT, ITEM_RESULTS, JOB, JOB_ID,
                                         LEASE_ITEM, NAMESPACE, OCCURRENCE, OCCURRENCE_TIME, QUEUE, RUN, RUN_ID, STR,
                                         TASK, TIME, TIMEZONE, WORKER_ID, Schema, batch, cron, job_create, job_patch,
                                         nullable, obj, page)
+from schedulerd.api.openapi_schemas import CALENDAR, CALENDAR_NAME, CALENDAR_PUT
 from schedulerd.storage.model import JobState, RunState
 
 # Answers that are not JSON, by route.
@@ -53,6 +54,7 @@ RUNS_CURSOR = _cursor("^[0-9]{1,19}$")
 DEAD_LETTER_CURSOR = _cursor("^[0-9]{1,19}:" + RUN_ID["pattern"][1:])
 AUDIT_CURSOR = _cursor("^([0-9a-f]{2})*$")
 QUEUE_FILTER = _param("queue", "query", QUEUE)
+CALENDAR_PARAM = _param("name", "path", CALENDAR_NAME)
 
 
 def operations(limits: Limits) -> dict[str, dict[str, Any]]:
@@ -113,6 +115,11 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
         "/v1/jobs/{job_id}/trigger": {
             "post": {"summary": "Run a job now, once, with its own idempotency key", "tags": ["jobs"],
                      "parameters": [JOB_PARAM], "responses": _ok("The new run.", obj(run=RUN), "201")}},
+        "/v1/jobs/{job_id}/backfill": {
+            "post": {"summary": "Run each past occurrence of the job's schedule in [start, end) that has no run yet "
+                                f"(at most {limits.backfill_occurrences_max}); dry_run lists them and changes nothing",
+                     "tags": ["jobs"], "parameters": [JOB_PARAM], "requestBody": _body(BACKFILL_REQUEST),
+                     "responses": _ok("Each occurrence of the range, with its run.", BACKFILL_ANSWER)}},
         "/v1/jobs/{job_id}/runs": {
             "get": {"summary": "A job's runs, newest first", "tags": ["runs"],
                     "parameters": [JOB_PARAM, page_size, RUNS_CURSOR], "responses": _ok("A page of runs.", runs_page)}},
@@ -153,8 +160,10 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                                "applied)", "tags": ["jobs"], "parameters": [JOB_PARAM, preview_n],
                     "responses": _ok("The next occurrences.", obj(
                         job_id=STR, state={"enum": [s.value for s in JobState]},
-                        occurrences={"type": "array", "items": obj(scheduled_time=TIME, start_time=TIME,
-                                                                    run_id=STR)}))}},
+                        occurrences={"type": "array", "items": obj(
+                            scheduled_time=TIME, start_time=TIME, run_id=STR,
+                            skipped={"type": "string", "description": "Why this occurrence will not run (calendar: "
+                                                                      "its skip_calendar lists its day)"})}))}},
         "/v1/jobs/{job_id}/occurrences/{time}": {
             "get": {"summary": "Why an instant of a job did or did not run: a verdict, one sentence and its facts, "
                                "from the records (read-only)", "tags": ["jobs"],
@@ -218,6 +227,20 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                     "responses": _ok("Queues.", obj(queues={"type": "array", "items": obj(
                         queue=STR, namespace=STR, ready=INT, waiting=INT, oldest_ready_age_s={"type": "number"})},
                         truncated={"type": "boolean"}))}},
+        "/v1/calendars": {
+            "get": {"summary": f"Every holiday calendar, by name (at most calendars_max, {limits.calendars_max})",
+                    "tags": ["calendars"],
+                    "responses": _ok("Calendars.", obj(calendars={"type": "array", "items": CALENDAR}))}},
+        "/v1/calendars/{name}": {
+            "get": {"summary": "One calendar, with some of the jobs that name it", "tags": ["calendars"],
+                    "parameters": [CALENDAR_PARAM], "responses": _ok("The calendar.", CALENDAR)},
+            "put": {"summary": "Create or replace a calendar; jobs naming it follow it from their next claim on "
+                               f"(at most calendar_ranges_max, {limits.calendar_ranges_max}, ranges once merged)",
+                    "tags": ["calendars"], "parameters": [CALENDAR_PARAM], "requestBody": _body(CALENDAR_PUT),
+                    "responses": _ok("The calendar as stored (201: created).", CALENDAR, "200", "201")},
+            "delete": {"summary": "Delete a calendar (409 while a scheduled or paused job names it)",
+                       "tags": ["calendars"], "parameters": [CALENDAR_PARAM],
+                       "responses": _ok("Deleted.", obj(name=STR, deleted={"type": "boolean"}))}},
         "/v1/audit": {
             "get": {"summary": "Who changed what, when (admin scope); newest first", "tags": ["operations"],
                     "parameters": [page_size, AUDIT_CURSOR],

@@ -55,6 +55,20 @@ DURATION: Schema = {"type": "string", "pattern": "^([0-9]{1,12}(ms|s|m|h|d))+$",
                     "examples": ["250ms", "90s", "1h30m"],
                     "description": "units ms s m h d; in total from 1s to 366d"}
 TIMEZONE: Schema = {"type": "string", "examples": ["Europe/Berlin", "UTC"], "description": "An IANA zone name"}
+CALENDAR_NAME: Schema = {"type": "string", "pattern": pattern(jobspec.CALENDAR_NAME_RE), "maxLength": 64}
+DAY: Schema = {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", "examples": ["2026-12-25"]}
+DAY_RANGE: Schema = {"type": "object", "required": ["from", "to"], "additionalProperties": False,
+                     "properties": {"from": DAY, "to": DAY}, "description": "Both days included."}
+CALENDAR_PUT: Schema = {
+    "type": "object", "required": ["dates"], "additionalProperties": False,
+    "properties": {"timezone": {**TIMEZONE, "default": "UTC", "description": "The zone the days are in"},
+                   "dates": {"type": "array", "items": {"anyOf": [DAY, DAY_RANGE]},
+                             "description": "Days and ranges; stored merged into sorted disjoint ranges"}}}
+CALENDAR: Schema = {"type": "object", "required": ["name", "timezone", "dates"], "properties": {
+    "name": CALENDAR_NAME, "timezone": TIMEZONE, "dates": {"type": "array", "items": DAY_RANGE},
+    "updated_at": {"type": "string", "format": "date-time"},
+    "used_by": {"type": "array", "items": {"type": "string"},
+                "description": "Some jobs that name it (GET of one calendar; of the namespaces the caller may use)"}}}
 
 TARGET: Schema = {
     "type": ["object", "null"], "description": "Run by the built-in executor (schedctl worker http).",
@@ -139,6 +153,9 @@ def job_fields(limits: Limits) -> dict[str, Schema]:
         "pause_on_failure": {"type": "boolean", "default": False,
                              "description": "Pause the job when one of its runs is dead-lettered (pause_cause says "
                                             "which); resuming it clears that."},
+        "skip_calendar": {"type": ["string", "null"], "pattern": pattern(jobspec.CALENDAR_NAME_RE),
+                          "maxLength": 64, "description": "A calendar (PUT /v1/calendars/{name}): an occurrence on "
+                                                          "one of its days is skipped (reason calendar)."},
         "target": TARGET,
     }
 
@@ -169,7 +186,7 @@ JOB: Schema = {"type": "object", "properties": {
     "labels": {"type": "object", "additionalProperties": STR}, "description": nullable(STR),
     "runs_remaining": {"type": ["integer", "null"]}, "pause_on_failure": {"type": "boolean"},
     "pause_cause": {"type": ["object", "null"], "properties": {"reason": STR, "run_id": STR, "time": TIME}},
-    "warnings": {"type": "array", "items": STR}}}
+    "skip_calendar": nullable(STR), "warnings": {"type": "array", "items": STR}}}
 RUN: Schema = {"type": "object", "properties": {
     "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "state": {"enum": [s.value for s in RunState]},
     "scheduled_time": TIME, "available_at": nullable(TIME), "attempt": INT, "max_attempts": INT,
@@ -208,6 +225,21 @@ OCCURRENCE: Schema = {"type": "object", "required": ["job_id", "time", "verdict"
     "history_limit": INT, "history_ttl_s": {"type": "number"},
     "pruned_by": {"type": "array", "items": {"enum": ["history_limit", "history_ttl"]}},
     "possible_causes": {"type": "array", "items": {"enum": [c.value for c in Cause]}}}}
+
+
+BACKFILL_REQUEST: Schema = {
+    "type": "object", "required": ["start", "end"], "additionalProperties": False,
+    "properties": {"start": {**TIME, "description": "The first instant of the range (included)."},
+                   "end": {**TIME, "description": "The end of the range (excluded); not in the future."},
+                   "dry_run": {"type": "boolean", "default": False},
+                   "overlap_policy": {"enum": [p.value for p in OverlapPolicy],
+                                      "description": "Instead of the job's own, for these runs."}}}
+BACKFILL_ANSWER: Schema = {"type": "object", "properties": {
+    "job_id": STR, "dry_run": {"type": "boolean"}, "already_had_run": INT, "created": INT, "would_create": INT,
+    "next_fire_time": nullable(TIME),
+    "occurrences": {"type": "array", "items": {"type": "object", "properties": {
+        "scheduled_time": TIME, "already_had_run": {"type": "boolean"}, "run_id": STR,
+        "state": {"enum": [s.value for s in RunState]}, "reason": nullable(STR)}}}}}
 
 
 def obj(required: tuple[str, ...] = (), **props: Schema) -> Schema:

@@ -4,7 +4,8 @@ Raft state, so any node answers, leader or not, with its own clock.
 
 GET /v1/jobs/{id}/preview: an existing job's next occurrences, each with the time its
 run will become available (its jitter applied as a claim applies it), within its
-schedule's bounds and its max_runs."""
+schedule's bounds and its max_runs; one its skip_calendar will skip, as the calendar
+stands now, says so (`skipped: "calendar"`) and counts against no max_runs."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,7 +17,8 @@ from schedulerd.api import inputs, jobs
 from schedulerd.api.keys import NODE
 from schedulerd.errors import InvalidJob, LimitExceeded, NotFound
 from schedulerd.namespaces import split
-from schedulerd.storage import claims, cron, queries, records
+from schedulerd.storage.model import Reason, RunState
+from schedulerd.storage import calendars, claims, cron, queries, records
 
 PREVIEW_N_DEFAULT = 10
 QUERY_PARAMS = frozenset({"cron", "timezone", "every", "n", "from"})
@@ -51,17 +53,24 @@ async def job_preview(request: web.Request) -> web.Response:
     if job is None:
         raise NotFound(f"no job {split(job_id)[1]!r}")
     occurrences = [{"scheduled_time": timefmt.to_iso(run["scheduled_us"]),
-                    "start_time": timefmt.to_iso(run["available_us"]), "run_id": run["run_id"]}
+                    "start_time": timefmt.to_iso(run["available_us"]), "run_id": run["run_id"],
+                    **({"skipped": run["reason"]} if run["state"] == RunState.SKIPPED else {})}
                    for run in ahead if run is not None]
+    carried = calendars.carried(node.topology.meta.calendars() if node.topology is not None else {},
+                                {job["skip_calendar"]} if job is not None and job.get("skip_calendar") else set())
     version = group.versions.writes()  # the rules the next claims will be applied by
     fire_us = job["next_fire_us"]
     # A limited job's runs claimed ahead are counted already: what is left comes after them.
     left = n if job.get("max_runs") is None else max(0, job["max_runs"] - job.get("runs_made", 0))
     while fire_us is not None and len(occurrences) < n and left > 0:
-        left -= 1
         next_us = cron.next_after(job["schedule"], fire_us)
-        start_us = fire_us + claims.start_offset_us(job, fire_us, next_us, version)
-        occurrences.append({"scheduled_time": timefmt.to_iso(fire_us), "start_time": timefmt.to_iso(start_us)})
+        if calendars.skips(carried, job, fire_us):
+            occurrences.append({"scheduled_time": timefmt.to_iso(fire_us), "start_time": timefmt.to_iso(fire_us),
+                                "skipped": Reason.CALENDAR.value})
+        else:
+            left -= 1
+            start_us = fire_us + claims.start_offset_us(job, fire_us, next_us, version)
+            occurrences.append({"scheduled_time": timefmt.to_iso(fire_us), "start_time": timefmt.to_iso(start_us)})
         fire_us = next_us
     return views.respond({"job_id": split(job_id)[1], "state": queries.as_seen(job, now_us)["state"],
                           "occurrences": occurrences})

@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd.api import bulk, cluster, dashboard, jobs, nodes, occurrences, preview, tasks
+from schedulerd.api import backfill, bulk, calendars, cluster, dashboard, jobs, nodes, occurrences, preview, tasks
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -24,6 +24,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/v1/jobs/{job_id}/pause", jobs.pause),
     ("POST", "/v1/jobs/{job_id}/resume", jobs.resume),
     ("POST", "/v1/jobs/{job_id}/trigger", jobs.trigger),
+    ("POST", "/v1/jobs/{job_id}/backfill", backfill.backfill),
     ("GET", "/v1/jobs/{job_id}/runs", jobs.job_runs),
     ("GET", "/v1/jobs/{job_id}/preview", preview.job_preview),
     ("GET", "/v1/jobs/{job_id}/occurrences/{time}", occurrences.explain_occurrence),
@@ -46,6 +47,10 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v1/cluster/nodes/{node_id}", nodes.standing),
     ("DELETE", "/v1/cluster/nodes/{node_id}", nodes.remove),
     ("GET", "/v1/queues", cluster.queues),
+    ("GET", "/v1/calendars", calendars.list_calendars),
+    ("GET", "/v1/calendars/{name}", calendars.get),
+    ("PUT", "/v1/calendars/{name}", calendars.put),
+    ("DELETE", "/v1/calendars/{name}", calendars.delete),
     ("GET", "/v1/audit", cluster.audit_log),
     ("GET", "/v1/openapi.json", cluster.openapi_document),
     ("GET", "/healthz", cluster.healthz),

@@ -345,6 +345,15 @@ class Client:
                 raise
             return {"run": self.get_run(run_id)}
 
+    def backfill(self, job_id: str, start: str, end: str, *, dry_run: bool = False,
+                 overlap_policy: str | None = None) -> dict[str, Any]:
+        """Run each past occurrence of the job's schedule in [start, end) that has no run yet
+        (ISO 8601 instants); dry_run lists them and changes nothing. A repeat makes nothing twice."""
+        body: dict[str, Any] = {"start": start, "end": end, "dry_run": dry_run}
+        if overlap_policy is not None:
+            body["overlap_policy"] = overlap_policy
+        return self._request("POST", f"/v1/jobs/{_part(job_id)}/backfill", body)
+
     def cancel_run(self, run_id: str) -> dict[str, Any]:
         """Cancel one queued, waiting or running run: `{"run": run}`. A repeat of a cancel
         that landed is answered as the first was."""
@@ -388,6 +397,23 @@ class Client:
     def queues(self) -> dict[str, Any]:
         """Per queue: ready now, waiting for later, the oldest ready run's age (`GET /v1/queues`)."""
         return self._request("GET", "/v1/queues")
+
+    def set_calendar(self, name: str, dates: Sequence[Any], timezone: str = "UTC") -> dict[str, Any]:
+        """Create or replace a holiday calendar: `dates` holds "YYYY-MM-DD" days and
+        {"from": day, "to": day} ranges, in `timezone`. Returns it as stored (merged ranges)."""
+        return self._request("PUT", f"/v1/calendars/{_part(name)}", {"timezone": timezone, "dates": list(dates)})
+
+    def get_calendar(self, name: str) -> dict[str, Any]:
+        """One calendar, with `used_by`: some of the jobs that name it."""
+        return self._request("GET", f"/v1/calendars/{_part(name)}")
+
+    def list_calendars(self) -> dict[str, Any]:
+        """Every calendar: `{"calendars": [...]}`."""
+        return self._request("GET", "/v1/calendars")
+
+    def delete_calendar(self, name: str) -> dict[str, Any]:
+        """Delete a calendar; a Conflict while a scheduled or paused job names it."""
+        return self._request("DELETE", f"/v1/calendars/{_part(name)}")
 
     def metrics(self) -> str:
         """The Prometheus text of the node that answers (`GET /metrics`)."""

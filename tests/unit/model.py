@@ -11,7 +11,9 @@ backfilled runs) are kept as a check; `settle` verifies the real value against
 the check and adopts it, so later steps compare exactly."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from schedulerd.storage import ops
 from schedulerd.storage.jobs import SPEC_DEFAULTS
@@ -64,6 +66,16 @@ def next_at_or_after(schedule: Rec, t: int) -> int | None:
     return next_after(schedule, t - 1)
 
 
+def on_calendar(calendars: Rec, job: Rec, t: int) -> bool:
+    """From version 19, an occurrence whose local day (in the calendar's zone) one of the
+    ranges of the calendar the job names, as the claim entry carries it, holds (docs/semantics.md)."""
+    calendar = calendars.get(job.get("skip_calendar") or "")
+    if calendar is None:
+        return False
+    day = datetime.fromtimestamp(t // S, timezone.utc).astimezone(ZoneInfo(calendar["timezone"])).strftime("%Y-%m-%d")
+    return any(first <= day <= last for first, last in calendar["ranges"])
+
+
 def backoff_bounds_us(backoff: Rec, attempt: int) -> tuple[int, int]:
     raw_ms = min(backoff["max_ms"], backoff["base_ms"] * backoff["factor"] ** max(0, attempt - 1))
     low = min(backoff["max_ms"], raw_ms * (1 - JITTER_SPREAD)) * 1000
@@ -92,6 +104,7 @@ class Model:
         self.dead_head: dict[str, tuple[int, int]] = {}  # job -> (dead_until_us, dead_behind), from version 8
         self.entry_version = ops.VERSION  # of the entry being applied: older ones keep older rules
         self.ids = Ids(0)  # of the entry a failed attempt's pause_on_failure makes its skipped runs in
+        self.calendars: Rec = {}  # those the claim entry being applied carries (a create's carries none)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -149,7 +162,8 @@ class Model:
             fire = job["next_fire_us"]
             if fire is None:
                 job["state"] = "completed"  # a bounded schedule already past its end
-            elif ahead is not None and now - cmd["grace_us"] <= fire <= now + ahead:
+            elif ahead is not None and now - cmd["grace_us"] <= fire <= now + ahead and not job.get("skip_calendar"):
+                # A job naming a calendar is left to the scan, whose entry carries it.
                 queued += [run["run_id"] for run in self._on_time(ids, job, fire, now) if run["state"] == "queued"]
         return (out, queued), all(not ok for _, ok, _ in out)
 
@@ -254,6 +268,8 @@ class Model:
         if "schedule" in changes and self.entry_version >= ops.OVERDUE_RECORDED_SINCE:
             self._skip_overdue(Ids(index), job, cmd["now"], first_fire(changes["schedule"]), "rescheduled")
         job.update(changes)
+        if changes.get("overlap_policy") in ("allow", "skip", "cancel_other"):  # nothing to wait behind now
+            self._release([r for r in self.job_runs(job["job_id"]) if r.get("buffered")], cmd["now"])
         rearm = "schedule" in changes or ("max_runs" in changes and job["schedule"]["kind"] != "at")
         if rearm and job["state"] != "paused":
             if "schedule" in changes:
@@ -282,10 +298,36 @@ class Model:
         run = self._occur(Ids(index), job, at, now, ("exact", now), trigger=True)
         return (True, None, run["run_id"]), False
 
+    def backfill(self, index: int, cmd: Rec) -> tuple[Any, bool]:
+        """A run for each named occurrence of the schedule (as stored) that has none, released
+        as a catch-up's are; the entry's overlap policy or the job's; no deadline, no max_runs."""
+        job, now = self.jobs.get(cmd["job_id"]), cmd["now"]
+        if job is None:
+            return (False, "not_found", None), True
+        if job["state"] == "cancelled":
+            return (False, "conflict", None), True
+        subject = dict(job, overlap_policy=cmd.get("overlap_policy", job["overlap_policy"]))
+        self._prune(job["job_id"], job["history_limit"] - 1, now)
+        ids, queued, k = Ids(index), [], 0
+        reached = job["next_fire_us"]  # from here on the job's own claims take them
+        fresh = [t for t in cmd["occurrences"] if next_after(job["schedule"], t - 1) == t
+                 and (reached is None or t < reached) and not self.taken(job["job_id"], t)]
+        replacing = self.entry_version >= ops.OVERLAP_HOLD_SINCE and subject["overlap_policy"] == "cancel_other"
+        for t in fresh:
+            if replacing and t != fresh[-1]:  # each would cancel the one before: the newest runs
+                self._skipped(ids, subject, t, now, "overlap")
+                continue
+            run = self._occur(ids, subject, t, now, ("catchup", job["job_id"], now, k), backfill=True)
+            if run["state"] == "queued":
+                queued.append(run["run_id"])
+                k += 1
+        return (True, None, queued), False
+
     # -- claims ------------------------------------------------------------------------
 
     def claim(self, index: int, cmd: Rec) -> tuple[Any, bool]:
         now, grace, ids = cmd["now"], cmd["grace_us"], Ids(index)
+        self.calendars = cmd.get("calendars", {}) if self.entry_version >= ops.CALENDAR_SINCE else {}
         queued, skipped, stale, advanced, deferred = [], 0, 0, False, []
         for job_id, fire in cmd["claims"]:
             job = self.jobs.get(job_id)
@@ -314,7 +356,10 @@ class Model:
         nxt = next_after(job["schedule"], fire)
         spread = job["jitter_us"] if nxt is None else min(job["jitter_us"], nxt - fire - 1)
         avail = ("exact", fire) if job["jitter_us"] == 0 else ("between", fire, fire + spread)
-        run = self._occur(ids, job, fire, now, avail)
+        if on_calendar(self.calendars, job, fire):
+            run = self._skipped(ids, job, fire, now, "calendar")
+        else:
+            run = self._occur(ids, job, fire, now, avail)
         self._advance(job, None if self._count(job, run) else nxt)
         return [run]
 
@@ -337,7 +382,9 @@ class Model:
         for t in recent:
             if self.taken(job["job_id"], t):
                 continue  # a trigger (or a run claimed ahead, before a re-arm) already stands for it
-            if t in to_run:
+            if on_calendar(self.calendars, job, t):
+                made.append(self._skipped(ids, job, t, now, "calendar"))
+            elif t in to_run:
                 made.append(self._occur(ids, job, t, now, ("catchup", job["job_id"], now, k)))
                 k += 1
                 if self._count(job, made[-1]):
@@ -381,9 +428,10 @@ class Model:
         if nxt is None:
             job["state"] = "completed"
 
-    def _occur(self, ids: Ids, job: Rec, t: int, now: int, avail: tuple, trigger: bool = False) -> Rec:
+    def _occur(self, ids: Ids, job: Rec, t: int, now: int, avail: tuple, trigger: bool = False,
+               backfill: bool = False) -> Rec:
         deadline = job["starting_deadline_us"]
-        if not trigger and deadline is not None and t + deadline < now:
+        if not (trigger or backfill) and deadline is not None and t + deadline < now:
             return self._skipped(ids, job, t, now, "deadline")
         verdict = "run" if trigger else self._verdict(job)
         if verdict == "skip":
@@ -397,6 +445,8 @@ class Model:
         run["trigger"] = trigger
         if verdict == "buffer":
             run["buffered"] = True
+        if backfill:
+            run["starting_deadline_us"] = None  # late on purpose: no deadline, at claim or at lease
         if trigger:
             self.stats_kept.add(job["job_id"])
         return run
@@ -418,18 +468,19 @@ class Model:
         return "replace" if busy else "run"
 
     def release(self, now: int) -> None:
-        """After every entry: a job on a buffering policy with nothing open left gets its oldest
-        buffered run released; one no longer on such a policy, all of them."""
+        """After every entry: a job with buffered runs and nothing open left gets its oldest
+        buffered run released."""
         for job_id in sorted(self.jobs):
             held = [r for r in self.job_runs(job_id) if r.get("buffered")]
-            if not held:
-                continue
-            holding = self.jobs[job_id]["overlap_policy"] in ("buffer_one", "buffer_all")
             st = self.stats(job_id)
-            if holding and st["pending"] + st["running"] - st["buffered"] > 0:
-                continue
-            for run in held[:1] if holding else held:
-                del run["buffered"]
+            if held and st["pending"] + st["running"] - st["buffered"] == 0:
+                self._release(held[:1], now)
+
+    @staticmethod
+    def _release(runs: list[Rec], now: int) -> None:
+        for run in runs:
+            del run["buffered"]
+            if run["available_us"] is not None:  # else a catch-up's, after now: settle checks it
                 run["available_us"] = max(run["available_us"], now)
 
     def _skipped(self, ids: Ids, job: Rec, t: int, now: int, reason: str) -> Rec:

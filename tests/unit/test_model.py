@@ -38,7 +38,7 @@ from schedulerd.storage.model import JOB_TRANSITIONS, RUN_TRANSITIONS
 from schedulerd.storage.ops import Op
 from schedulerd.storage.tables import DB_NAMES, LAST_APPLIED
 from tests.unit.fsm_driver import S, T0, Driver
-from tests.unit.model import PENDING, TERMINAL, Model, next_at_or_after
+from tests.unit.model import PENDING, TERMINAL, Model, next_after, next_at_or_after
 
 EXAMPLES = int(os.environ.get("SCHEDULERD_MODEL_EXAMPLES", "100"))
 STEPS = int(os.environ.get("SCHEDULERD_MODEL_STEPS", "40"))
@@ -61,7 +61,7 @@ RUN_FIELDS = ("job_id", "scheduled_us", "state", "attempt", "max_attempts", "fen
 JOB_FIELDS = ("state", "next_fire_us", "schedule", "priority", "max_attempts", "payload_json", "misfire_policy",
               "overlap_policy", "catchup_limit", "starting_deadline_us", "timeout_us", "history_limit", "jitter_us",
               "backoff", "finished_ttl_us", "history_ttl_us", "keep_dead_letters", "max_runs", "runs_made",
-              "pause_on_failure", "pause_cause")
+              "pause_on_failure", "pause_cause", "skip_calendar")
 
 Rec = dict[str, Any]
 
@@ -103,7 +103,17 @@ RETENTION = {"finished_ttl_us": st.sampled_from([0, 1 * S, 3 * S]), "history_ttl
              "keep_dead_letters": st.booleans()}
 DEFAULT_TTL_US = 2 * S
 # Optional fields of a create beside its retention: max_runs, from entry version 14.
-OPTIONAL = {**RETENTION, "max_runs": st.sampled_from([1, 2, 3]), "pause_on_failure": st.booleans()}
+OPTIONAL = {**RETENTION, "max_runs": st.sampled_from([1, 2, 3]), "pause_on_failure": st.booleans(),
+            "skip_calendar": st.sampled_from(["hol", "gone"])}
+# The calendars a claim entry carries (entry version 19): "hol" in one of two zones, "gone"
+# never (deleted, or unknown to the proposer: it skips nothing). T0 is 08:00 UTC on
+# 2027-01-15, midnight starting that day in Los Angeles (UTC-8 in January): the LA ranges
+# split the occurrences around T0 between two local days.
+CALENDARS = st.one_of(st.just(None), st.builds(
+    lambda tz, ranges: {"hol": {"timezone": tz, "ranges": ranges}},
+    st.sampled_from(["UTC", "America/Los_Angeles"]),
+    st.sampled_from([[["2027-01-14", "2027-01-14"]], [["2027-01-15", "2027-01-16"]],
+                     [["2027-01-01", "2027-01-14"], ["2027-01-16", "2027-01-20"]], [["2026-12-24", "2026-12-26"]]])))
 # An update's backoff names some of its parts; {"max_ms": 100} is below every base_ms
 # the jobs have, so apply refuses it.
 BACKOFF_PARTS = st.sampled_from([{"base_ms": 200}, {"max_ms": 1000}, {"factor": 3.0}, {"max_ms": 100},
@@ -112,7 +122,7 @@ CHANGES = st.fixed_dictionaries({}, optional={
     "schedule": SCHEDULES, "payload_json": st.sampled_from(['"v2"', "{}"]), "backoff": BACKOFF_PARTS,
     **{k: OPTIONS[k] for k in ("priority", "max_attempts", "starting_deadline_us", "timeout_us",
                                "overlap_policy", "misfire_policy", "history_limit", "catchup_limit")},
-    "max_runs": st.sampled_from([None, 1, 2, 4])})
+    "max_runs": st.sampled_from([None, 1, 2, 4]), "skip_calendar": st.sampled_from([None, "hol"])})
 ZOMBIE_OPS = st.sampled_from([Op.ACK, Op.NACK, Op.HEARTBEAT, Op.EXPIRE_LEASES])
 # holder: the live lease's worker and fence; zombie: an earlier lease of any run, as granted;
 # wrong_fence / wrong_worker: the current run with an older fence, or another worker.
@@ -212,6 +222,8 @@ def normalize(op: Op, res: Rec) -> Any:
         return res["deleted_jobs"], res["deleted_runs"]
     if op == Op.PURGE_JOB:
         return res["ok"], res.get("code"), res.get("done")
+    if op == Op.BACKFILL_JOB:
+        return res["ok"], res.get("code"), res.get("runs")
     if op == Op.TRIGGER_JOB:
         return res["ok"], res.get("code"), res["run"]["run_id"] if res["ok"] else None
     return res["ok"], res.get("code")
@@ -383,6 +395,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             specs = [spec for spec, _ in specs]
         if version < ops.RETENTION_SINCE:
             specs = [{k: v for k, v in spec.items() if k not in RETENTION} for spec in specs]
+        if version < ops.CALENDAR_SINCE:  # the API refuses skip_calendar until every voter reads 19
+            specs = [{k: v for k, v in spec.items() if k != "skip_calendar"} for spec in specs]
         self.propose(Op.CREATE_JOBS, self.model.create, version, now=self.now, jobs=specs, claim_ahead_us=lookahead,
                      grace_us=grace, finished_ttl_us=DEFAULT_TTL_US)
 
@@ -471,8 +485,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(dt=st.one_of(st.just(0), TIME_STEPS),
           drop=st.one_of(st.just(frozenset()), st.frozensets(st.sampled_from(JOB_IDS), min_size=1, max_size=2)),
-          window=CLAIM_WINDOWS, version=VERSIONS)
-    def claim(self, dt: int, drop: frozenset[str], window: tuple[int, int], version: int) -> None:
+          window=CLAIM_WINDOWS, version=VERSIONS, calendars=CALENDARS)
+    def claim(self, dt: int, drop: frozenset[str], window: tuple[int, int], version: int,
+              calendars: Rec | None) -> None:
         """What the leader's due scan does (after dt passes), repeated at one `now` until
         nothing is due; the jobs in `drop` are deliberately never proposed."""
         self.now += dt
@@ -486,8 +501,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not batch:
                 break
             self.claimed.extend(batch)
+            carried = {} if calendars is None else {"calendars": calendars}
             result = self.propose(Op.CLAIM_BATCH, self.model.claim, version, now=self.now, grace_us=grace,
-                                  claims=batch)
+                                  claims=batch, **carried)
             deferred.update((j, fire) for j, fire in result["deferred"])
         else:
             raise AssertionError(f"claims at {self.now} did not converge in {CLAIM_ROUNDS_MAX} rounds")
@@ -661,6 +677,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         pairs = ([pool[i % len(pool)]] if pool else []) + ([list(p) for p in found] if fresh else [])
         if pairs:
             self.propose(Op.EXPIRE_LEASES, self.model.expire, now=self.now, runs=pairs)
+
+    @rule(job_id=st.sampled_from(TARGETS), back=st.sampled_from([0, 3 * S, 20 * S, 600 * S]),
+          count=st.integers(1, 4), stray=st.booleans(),
+          policy=st.sampled_from([None, None, "allow", "skip", "buffer_all", "cancel_other"]))
+    def backfill(self, job_id: str, back: int, count: int, stray: bool, policy: str | None) -> None:
+        """Occurrences of the job's schedule from `back` before now (as the API finds them),
+        and with `stray` a time that is none."""
+        job = self.model.jobs.get(job_id)
+        times: list[int] = []
+        t = self.now - back - 1
+        while job is not None and len(times) < count:
+            nxt = next_after(job["schedule"], t)
+            if nxt is None or nxt > self.now:
+                break
+            times.append(nxt)
+            t = nxt
+        if stray:
+            times.append(self.now - back + 1)
+        extra = {"overlap_policy": policy} if policy else {}
+        self.propose(Op.BACKFILL_JOB, self.model.backfill, now=self.now, job_id=job_id, occurrences=times, **extra)
 
     @rule(i=PICK, ghost=st.booleans())
     def cancel_run(self, i: int, ghost: bool) -> None:
