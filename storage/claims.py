@@ -123,8 +123,7 @@ def _claim_missed(ctx: Ctx, job: Record, fire_us: int, now: int, cutoff: int,
     found = catchup.missed(job["schedule"], fire_us, cutoff, job["catchup_limit"],
                            exact=ctx.version >= ops.OVERDUE_RECORDED_SINCE)
     made: list[Record] = []
-    if found.older_first is not None:
-        made.append(_summary(ctx, job, found, now))
+    made += _summary(ctx, job, found, now)
     policy = job["misfire_policy"]
     to_run = {MisfirePolicy.FIRE_ALL: found.recent, MisfirePolicy.FIRE_ONCE: found.recent[-1:],
               MisfirePolicy.SKIP: []}[MisfirePolicy(policy)]
@@ -163,7 +162,7 @@ def skip_overdue(ctx: Ctx, job: Record, now: int, before_us: int | None, reason:
         return {}
     records.prune_history(ctx, job["job_id"], job["history_limit"] - 1, now)
     found = catchup.missed(job["schedule"], fire_us, end, job["catchup_limit"])
-    made = [_summary(ctx, job, found, now)] if found.older_first is not None else []
+    made = _summary(ctx, job, found, now)
     made += [skipped_run(ctx, job, t, now, reason) for t in found.recent
              if not records.occurrence_taken(ctx, job["job_id"], t)]
     reasons: dict[str, int] = {}
@@ -207,16 +206,23 @@ def skipped_run(ctx: Ctx, job: Record, scheduled_us: int, now: int, reason: Reas
     return run
 
 
-def _summary(ctx: Ctx, job: Record, found: catchup.Missed, now: int) -> Record:
-    """One record standing for every missed occurrence older than the catchup_limit newest."""
-    run = _new_run(ctx, job, found.older_first, now, RunState.SKIPPED.value, found.older_first)
+def _summary(ctx: Ctx, job: Record, found: catchup.Missed, now: int) -> list[Record]:
+    """One record standing for every missed occurrence older than the catchup_limit newest,
+    if there are any: at the first of them that no trigger's run already holds (a summary on
+    a triggered occurrence would claim it twice, and stop the group)."""
+    first = found.older_first
+    while first is not None and records.occurrence_taken(ctx, job["job_id"], first):
+        first = cron.next_after(job["schedule"], first)
+    if first is None or found.older_last is None or first > found.older_last:
+        return []
+    run = _new_run(ctx, job, first, now, RunState.SKIPPED.value, first)
     count = found.older_count
     run.update(reason=Reason.CATCHUP_LIMIT.value, finished_us=now, skipped_count=count,
                skipped_until_us=found.older_last,
                error=(f"{count if count is not None else f'more than {catchup.COUNT_STEPS_MAX}'} missed "
                       f"occurrences beyond catchup_limit={job['catchup_limit']} were not run"))
     records.insert_run(ctx, run, _keeps_stats(ctx, job, False))
-    return run
+    return [run]
 
 
 # A new run's fields in the order they are stored (replicas must write the same bytes:

@@ -15,7 +15,7 @@ from schedulerd.api import inputs, jobs
 from schedulerd.api.keys import NODE
 from schedulerd.errors import InvalidRequest, NotFound
 from schedulerd.namespaces import split
-from schedulerd.storage import records
+from schedulerd.storage import calendars, records
 from schedulerd.storage.occurrences import Answer, Cause, Verdict, explain
 from schedulerd.storage.model import JobState, RunState
 from schedulerd.units import US_PER_S
@@ -67,7 +67,10 @@ async def explain_occurrence(request: web.Request) -> web.Response:
         if job is None:
             raise NotFound(f"no job {split(job_id)[1]!r}")
         answer = explain(reader, job, at_us, now_us)
-    return views.respond(document(job, at_us, answer, now_us))
+    named = job.get("skip_calendar")
+    stands = calendars.carried(node.topology.meta.calendars() if node.topology is not None and named else {},
+                               {named} if named else set())
+    return views.respond(document(job, at_us, answer, now_us, calendars.skips(stands, job, at_us)))
 
 
 def parse_time(text: str) -> int:
@@ -80,11 +83,17 @@ def parse_time(text: str) -> int:
         raise InvalidRequest(f"time {text[:64]!r} is not {TIME_FORMAT}: {exc}") from None
 
 
-def document(job: dict[str, Any], at_us: int, answer: Answer, now_us: int) -> dict[str, Any]:
-    """The answer as JSON: the verdict, one sentence, and the facts it rests on."""
+def document(job: dict[str, Any], at_us: int, answer: Answer, now_us: int, on_calendar: bool = False) -> dict[str, Any]:
+    """The answer as JSON: the verdict, one sentence, and the facts it rests on. on_calendar:
+    the job's skip_calendar, as it stands now, lists the instant's day."""
     facts = _facts(job, answer)
+    sentence = _sentence(job, answer, facts, at_us, now_us)
+    if on_calendar and answer.run is None and answer.verdict in (Verdict.NOT_YET_DUE, Verdict.AWAITING_CLAIM):
+        facts["skip_calendar"] = job["skip_calendar"]
+        sentence += (f" Its day is on calendar {job['skip_calendar']!r}: unless the calendar changes first, its "
+                     "claim records it skipped (reason calendar).")
     return {"job_id": split(job["job_id"])[1], "time": timefmt.to_iso(at_us), "verdict": answer.verdict.value,
-            "explanation": _sentence(job, answer, facts, at_us, now_us), **facts}
+            "explanation": sentence, **facts}
 
 
 def _facts(job: dict[str, Any], answer: Answer) -> dict[str, Any]:

@@ -224,7 +224,8 @@ OCCURRENCE: Schema = {"type": "object", "required": ["job_id", "time", "verdict"
     "next_fire_time": nullable(TIME), "runs_remaining": INT, "kept_runs": INT, "oldest_kept_time": nullable(TIME),
     "history_limit": INT, "history_ttl_s": {"type": "number"},
     "pruned_by": {"type": "array", "items": {"enum": ["history_limit", "history_ttl"]}},
-    "possible_causes": {"type": "array", "items": {"enum": [c.value for c in Cause]}}}}
+    "possible_causes": {"type": "array", "items": {"enum": [c.value for c in Cause]}},
+    "skip_calendar": {**STR, "description": "A coming occurrence on a day of the job's calendar, as it stands now."}}}
 
 
 BACKFILL_REQUEST: Schema = {

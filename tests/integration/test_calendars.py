@@ -48,6 +48,10 @@ def test_a_calendar_skips_the_occurrences_on_its_days(make_cluster) -> None:
     assert {(r["state"], r["reason"]) for r in runs} == {("skipped", "calendar")}, runs
     preview = node.get("/v1/jobs/tick/preview?n=3")[1]
     assert all(o.get("skipped") == "calendar" for o in preview["occurrences"]), preview
+    # Explained ahead of its time (past the 12 s lookahead, so not claimed yet): it will be skipped.
+    coming = node.get("/v1/jobs/tick/preview?n=30")[1]["occurrences"][-1]["scheduled_time"]
+    explained = node.get(f"/v1/jobs/tick/occurrences/{coming}")[1]
+    assert explained["verdict"] == "not_yet_due" and explained["skip_calendar"] == "hol", explained
     status, body = node.get("/v1/calendars/hol")
     assert status == 200 and body["used_by"] == ["tick"], body
 

@@ -406,7 +406,10 @@ class Model:
         recent, older = missed[-limit:], missed[:-limit]
         if not older:
             return recent, []
-        summary = self._new_run(ids, job, older[0], now, "skipped", ("exact", older[0]))
+        free = [t for t in older if not self.taken(job["job_id"], t)]  # a trigger's run may hold the first
+        if not free:
+            return recent, []
+        summary = self._new_run(ids, job, free[0], now, "skipped", ("exact", free[0]))
         summary.update(reason="catchup_limit", finished_us=now, skipped_count=len(older), skipped_until_us=older[-1])
         return recent, [summary]
 

@@ -568,3 +568,14 @@ def test_an_interval_counts_from_the_creating_entry(d: Driver) -> None:
     d.create("e", {"kind": "every", "every_us": S, "anchor_us": T0 - 3_000}, now=T0)
     job = d.job("e")
     assert job["created_us"] == T0 and job["next_fire_us"] == T0 + S
+
+
+def test_a_pause_over_a_triggered_occurrence_puts_its_catch_up_summary_after_it(d: Driver) -> None:
+    """The summary of the occurrences beyond catchup_limit once took the first of them even
+    when a trigger's run held it: the occurrence claimed twice stopped the group."""
+    d.create("e", EVERY5, catchup_limit=1)
+    assert d.apply(Op.TRIGGER_JOB, now=T0 + 5 * S, job_id="e")["ok"]  # lands on the 5 s occurrence
+    result = d.apply(Op.PAUSE_JOB, now=T0 + 30 * S, job_id="e")
+    assert result["ok"]
+    summary = next(r for r in d.runs("e") if r["reason"] == "catchup_limit")
+    assert summary["scheduled_us"] == T0 + 10 * S and summary["skipped_until_us"] == T0 + 25 * S
