@@ -240,9 +240,24 @@ class _StateCollector(Collector):
         yield from (jobs, runs, stored, overdue, overdue_age, depth, waiting, ready_age, truncated)
         yield from self._raft()
         yield from self._topology()
+        yield from self._disk()
         waiters = GaugeMetricFamily("schedulerd_poll_waiters", "Worker long-polls waiting on this node.")
         waiters.add_metric([], self.metrics.poll_waiters())
         yield waiters
+
+    def _disk(self) -> Iterator[Metric]:
+        """The data directory's free space and the floor under which this node refuses writes (503)."""
+        disk = self.metrics.node.disk
+        free = GaugeMetricFamily("schedulerd_disk_free_bytes", "Free bytes on the data directory's file system "
+                                 "(statvfs f_bavail, re-read at most every 0.5 s).")
+        free.add_metric([], disk.free_bytes())
+        floor = GaugeMetricFamily("schedulerd_disk_free_bytes_min", "disk_free_bytes_min: below this many free "
+                                  "bytes the node refuses writes with 503.")
+        floor.add_metric([], disk.free_bytes_min)
+        refused = CounterMetricFamily("schedulerd_disk_write_refusals", "Write requests refused by this node "
+                                      "because its disk was under disk_free_bytes_min.")
+        refused.add_metric([], disk.refusals)
+        yield from (free, floor, refused)
 
     def _topology(self) -> Iterator[Metric]:
         """The registry and placement as this node's metadata replica has them (the same on
