@@ -29,6 +29,8 @@ from schedulerd.errors import (Conflict, InvalidRequest, LimitExceeded, Schedule
                                Unavailable)
 from schedulerd.sdk import wire
 from schedulerd.sdk.acks import ACK_BATCH_MAX, AckBatcher
+from schedulerd.sdk.isolation import (BUSY_ERROR, ISOLATIONS, KILL_GRACE_S, LEASE_LOST, MAX_TASKS_PER_CHILD, STOPPING,
+                                      ProcessPool, handler_ref)
 
 log = logging.getLogger("schedulerd.worker")
 
@@ -132,7 +134,15 @@ class _Slots:
 class Worker:
     def __init__(self, servers: Sequence[str], worker_id: str | None = None, concurrency: int = 4,
                  wait_s: float = 20.0, heartbeat_interval_s: float | None = None,
-                 token: str | None = None, ca_file: str | None = None, namespace: str | None = None) -> None:
+                 token: str | None = None, ca_file: str | None = None, namespace: str | None = None,
+                 isolation: str = "thread", kill_grace_s: float = KILL_GRACE_S,
+                 max_tasks_per_child: int = MAX_TASKS_PER_CHILD, child_memory_limit_bytes: int | None = None) -> None:
+        """`isolation` is every handler's default (`handler(queue, isolation=...)` overrides it):
+        "thread" runs a sync handler in the thread pool and an async one on the loop; "process"
+        runs it in a child process (schedulerd/sdk/isolation.py), killed at the task's timeout_s,
+        when its lease is lost and at stop(): SIGTERM, then SIGKILL `kill_grace_s` later.
+        A child runs `max_tasks_per_child` tasks, then a new one takes its place;
+        `child_memory_limit_bytes` caps each child's address space (RLIMIT_AS)."""
         if isinstance(servers, str) or not servers:
             raise ValueError("servers: give a non-empty list of base URLs")
         if concurrency < 1:
@@ -141,6 +151,14 @@ class Worker:
             raise ValueError(f"wait_s: must be >= 0, got {wait_s}")
         if heartbeat_interval_s is not None and heartbeat_interval_s <= 0:
             raise ValueError(f"heartbeat_interval_s: must be > 0, got {heartbeat_interval_s}")
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation: one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+        if kill_grace_s < 0:
+            raise ValueError(f"kill_grace_s: must be >= 0, got {kill_grace_s}")
+        if max_tasks_per_child < 1:
+            raise ValueError(f"max_tasks_per_child: must be >= 1, got {max_tasks_per_child}")
+        if child_memory_limit_bytes is not None and child_memory_limit_bytes <= 0:
+            raise ValueError(f"child_memory_limit_bytes: must be > 0, got {child_memory_limit_bytes}")
         self.servers = [s.rstrip("/") for s in servers]
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.concurrency = concurrency
@@ -152,6 +170,12 @@ class Worker:
         self._namespace = namespace  # the queues' namespace (X-Namespace), default: "default"
         self._handlers: dict[str, Handler] = {}
         self._async_queues: set[str] = set()  # queues whose handler is a coroutine function
+        self._isolation = isolation
+        self._kill_grace_s = kill_grace_s
+        self._max_tasks_per_child = max_tasks_per_child
+        self._child_memory_limit_bytes = child_memory_limit_bytes
+        self._process_refs: dict[str, str] = {}  # queue -> module:qualname, for handlers in a child process
+        self._pool: ProcessPool | None = None  # made in run_async when a handler runs in a child
         # Split the slots between the servers so one idle node's long-poll cannot hold
         # them all while another node has work; a loop whose poll returns re-reserves.
         share = max(1, min(LEASE_BATCH_MAX, concurrency // len(self.servers)))
@@ -170,12 +194,19 @@ class Worker:
         self._settled_hooks: list[Settled] = []
         self._lost_hooks: list[LeaseLost] = []
 
-    def handler(self, queue: str) -> Callable[[Handler], Handler]:
-        """Register the function that runs tasks of `queue` (sync or async)."""
+    def handler(self, queue: str, isolation: str | None = None) -> Callable[[Handler], Handler]:
+        """Register the function that runs tasks of `queue` (sync or async). `isolation`
+        ("thread" or "process", default: the Worker's) says where it runs; a process handler
+        must be a function at the top level of a module the child process can import."""
+        isolation = isolation or self._isolation
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation: one of {', '.join(ISOLATIONS)}, got {isolation!r}")
 
         def register(fn: Handler) -> Handler:
             if queue in self._handlers:
                 raise ValueError(f"queue {queue!r} already has a handler")
+            if isolation == "process":
+                self._process_refs[queue] = handler_ref(fn)  # raises before anything is registered
             self._handlers[queue] = fn
             if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__")):
                 self._async_queues.add(queue)  # decided once, not per task (bench.micro.sdk_cost)
@@ -197,9 +228,9 @@ class Worker:
         """Call `hook(task)` in the worker's loop when the lease of a task whose handler still
         runs is lost: a heartbeat was answered stale_fence, the run was delivered again, or
         the lease ran out unrenewed (heartbeats failing), after which the cluster may hand
-        the run to another worker. The SDK cannot stop a sync handler's thread; the hook
-        is where to stop its work (`schedctl worker` stops its command). It must return
-        quickly; an exception from it is logged."""
+        the run to another worker. The SDK cannot stop a sync handler's thread (it kills a
+        process handler's child); the hook is where to stop its work (`schedctl worker`
+        stops its command). It must return quickly; an exception from it is logged."""
         self._lost_hooks.append(hook)
 
     def run(self) -> None:
@@ -210,7 +241,8 @@ class Worker:
             uvloop.run(self.run_async())
 
     def stop(self) -> None:
-        """Stop polling; running handlers finish and are acked, then run() returns.
+        """Stop polling; running handlers finish and are acked, then run() returns (a process
+        handler has kill_grace_s to finish, then is killed and nacked "killed: worker stopping").
         Safe from any thread and from handlers; does not wait for the drain."""
         with self._lock:
             self._stop_requested = True
@@ -227,6 +259,9 @@ class Worker:
         self._leases_changed = asyncio.Event()
         self._slots = _Slots(self.concurrency)
         self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="schedulerd-task")
+        if self._process_refs:
+            self._pool = ProcessPool(self.concurrency, self._max_tasks_per_child, self._kill_grace_s,
+                                     self._child_memory_limit_bytes)
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         if self._namespace:
             headers["X-Namespace"] = self._namespace
@@ -279,12 +314,18 @@ class Worker:
         for t in (stop_wait, *pollers):
             t.cancel()
         await asyncio.gather(stop_wait, *pollers, return_exceptions=True)
+        if self._pool is not None and self._pool.busy:
+            # Children get the grace to finish (and be acked), then are killed and nacked.
+            await asyncio.wait(list(self._running), timeout=self._kill_grace_s)
+            self._pool.stop_all(STOPPING)
         while self._running:  # heartbeats keep running until every ack is settled
             await asyncio.gather(*self._running, return_exceptions=True)
         heartbeat.cancel()
         await asyncio.gather(heartbeat, return_exceptions=True)
         await self._session.close()
         self._executor.shutdown(wait=False)  # every handler has returned by now
+        if self._pool is not None:
+            await self._pool.close()
         for cleanup in self._cleanups:
             await cleanup()
         with self._lock:
@@ -430,28 +471,49 @@ class Worker:
                 self.stats.lease_lost += 1
                 return
             lease = self._new_lease(server, task, now, left_s)
-            older = self._leases.get(task.run_id)
-            if older is not None:  # redelivered to us while we still run it: the old fence is dead
-                self._lose(older)
-            self._leases[task.run_id] = lease
-            self._leases_changed.set()
-            log.info("task_started run_id=%s queue=%s attempt=%d fence=%d",
-                     task.run_id, task.queue, task.attempt, task.fence)
-            try:
-                verb, value = await self._call(task)
-            finally:
-                if self._leases.get(task.run_id) is lease:
-                    del self._leases[task.run_id]
+            verb, value = await self._attempt(lease, now)
         finally:
             self._slots.give()
         await self._finish(lease, verb, value)
 
-    async def _call(self, task: Task) -> tuple[str, Any]:
-        """Run the handler; ("ack", result) or ("nack", error text)."""
+    async def _attempt(self, lease: _Lease, started: float) -> tuple[str, Any]:
+        """Run one attempt under its lease, never beside an earlier attempt of its run."""
+        task = lease.task
+        older = self._leases.get(task.run_id)
+        if older is not None:  # redelivered to us while we still run it: the old fence is dead
+            self._lose(older)
+            if older.task.queue not in self._process_refs:
+                # A thread cannot be stopped: this attempt would overlap the earlier one, and
+                # each redelivery of a stuck run would take one more slot. Back to the cluster,
+                # which retries it after its backoff, maybe elsewhere.
+                log.warning("task_busy run_id=%s fence=%d held_fence=%d",
+                            task.run_id, task.fence, older.task.fence)
+                return "nack", BUSY_ERROR
+        self._leases[task.run_id] = lease
+        self._leases_changed.set()
+        try:
+            if older is not None and self._pool is not None:
+                await self._pool.stop_run(task.run_id, LEASE_LOST)  # its child ends before this one starts
+            log.info("task_started run_id=%s queue=%s attempt=%d fence=%d",
+                     task.run_id, task.queue, task.attempt, task.fence)
+            return await self._call(task, started)
+        finally:
+            if self._leases.get(task.run_id) is lease:
+                del self._leases[task.run_id]
+
+    async def _call(self, task: Task, started: float) -> tuple[str, Any]:
+        """Run the handler; ("ack", result) or ("nack", error text). `started` is the loop's
+        time the task arrived: a process handler is killed task.timeout_s after it."""
         handler = self._handlers.get(task.queue)
         if handler is None:
             return "nack", (f"NoHandler: worker {self.worker_id} has no handler for "
                             f"queue {task.queue!r}")
+        ref = self._process_refs.get(task.queue)
+        if ref is not None:
+            assert self._pool is not None, "made in run_async for process handlers"
+            loop = asyncio.get_running_loop()
+            wait_s = None if task.timeout_s is None else max(0.0, started + task.timeout_s - loop.time())
+            return await self._pool.run(ref, task, wait_s)
         try:
             if task.queue in self._async_queues:
                 result = await handler(task)
@@ -541,6 +603,8 @@ class Worker:
         self.stats.lease_lost += 1
         if self._leases.get(lease.task.run_id) is not lease:
             return  # its handler has returned: nothing left to stop
+        if self._pool is not None:
+            self._pool.stop(lease.task.run_id, lease.task.fence, LEASE_LOST)
         for hook in self._lost_hooks:
             try:
                 hook(lease.task)

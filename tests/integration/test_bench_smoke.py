@@ -82,6 +82,14 @@ def test_sdk_cost_acks_every_task() -> None:
     assert "worker CPU per task:" in proc.stdout
 
 
+def test_isolation_cost_runs_a_thread_and_a_process_handler() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.micro.isolation_cost", "--tasks", "60", "--warmup", "10",
+                           "--rounds", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " thread: " in proc.stdout and "process: " in proc.stdout and "process - thread:" in proc.stdout
+
+
 def test_scale_side_by_side_runs_every_window_on_both_clusters(tmp_path: pathlib.Path) -> None:
     _, report = run_bench(tmp_path, ["scale", "--live", "2000", "--baseline-live", "500", "--rate", "30",
                                      "--duration", "2", "--workers", "1", "--side-by-side", "1"], 300)
