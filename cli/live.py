@@ -79,8 +79,12 @@ def _frame(session: Session, before: Mapping, now: Mapping, interval_s: float | 
     queues = session.client.queues()["queues"]
     events = {dict(labels)["event"]: value - before.get((name, labels), 0.0)
               for (name, labels), value in now.items() if name == f"{EVENTS}_total"}
-    buckets = sorted(((float(dict(labels)["le"]), value - before.get((name, labels), 0.0))
-                      for (name, labels), value in now.items() if name == f"{LATENESS}_bucket"))
+    by_bound: dict[float, float] = {}  # every queue's buckets together
+    for (name, labels), value in now.items():
+        if name == f"{LATENESS}_bucket":
+            bound = float(dict(labels)["le"])
+            by_bound[bound] = by_bound.get(bound, 0.0) + value - before.get((name, labels), 0.0)
+    buckets = sorted(by_bound.items())
     return {
         "node": cluster["node"], "time": datetime.now().isoformat(timespec="seconds"),
         "window_s": interval_s,

@@ -53,7 +53,9 @@ class Metrics:
         self.expired = Counter("schedulerd_retention_deleted", "Jobs and runs deleted by their TTL on this "
                                "replica, by kind (job, run).", ["kind"], registry=r)
         self.lateness = BulkHistogram("schedulerd_dispatch_lateness_seconds",
-                                      "First lease of an occurrence minus its scheduled time.", LATENESS_BUCKETS_S)
+                                      "First lease of an occurrence minus its scheduled time, per queue; counted "
+                                      "by the node that leads the run's group, so once in the cluster.",
+                                      LATENESS_BUCKETS_S, "queue")
         r.register(self.lateness)
         self.http = Histogram("schedulerd_http_request_duration_seconds", "HTTP requests by route and status.",
                               ["method", "route", "status"], buckets=HTTP_BUCKETS_S, registry=r)
@@ -87,10 +89,18 @@ class Metrics:
         elif op in (Op.LEASE_READY, Op.LEASE_BATCH):
             now = result["now"]
             leased = 0
+            late: dict[str, list[float]] = {}
+            run_id = ""
             for _, tasks in result["grants"]:
                 leased += len(tasks)
-                self.lateness.observe_many([max(0, now - task["scheduled_us"]) / US_PER_S for task in tasks
-                                            if task["attempt"] == 1 and not task.get("trigger")])
+                for task in tasks:
+                    run_id = task["run_id"]
+                    if task["attempt"] == 1 and not task.get("trigger"):
+                        late.setdefault(task["queue"], []).append(max(0, now - task["scheduled_us"]) / US_PER_S)
+            # Every replica applies the entry; only the group's leader counts it, so each lease counts once.
+            if late and self._leads_group_of(run_id):
+                for queue, values in late.items():
+                    self.lateness.observe_many(values, queue)
             self.runs.labels("leased").inc(leased)
             if result["skipped"]:
                 self.skipped.labels("deadline").inc(result["skipped"])
@@ -114,6 +124,11 @@ class Metrics:
         elif op == Op.SWEEP_EXPIRED:
             self.expired.labels("job").inc(result["deleted_jobs"])
             self.expired.labels("run").inc(result["deleted_runs"])
+
+    def _leads_group_of(self, run_id: str) -> bool:
+        group_id = self.node.group_id_of_run(run_id)
+        group = None if group_id is None else self.node.local_group(group_id)
+        return group is not None and group.is_leader()
 
     def _count_failure(self, state: str) -> None:
         event = {RunState.RETRY_WAIT: "retried", RunState.DEAD_LETTER: "dead_lettered",
@@ -143,37 +158,41 @@ class Metrics:
 
 
 class BulkHistogram(Collector):
-    """A histogram without labels fed a list of values at a time: prometheus_client's
+    """A histogram with one label fed a list of values at a time: prometheus_client's
     Histogram takes a lock and walks its buckets in Python for each value, ~5% of a
     follower's tick thread when a spike's leases apply (a lease entry grants hundreds)."""
 
-    def __init__(self, name: str, documentation: str, buckets_s: tuple[float, ...]) -> None:
-        self.name, self.documentation = name, documentation
+    def __init__(self, name: str, documentation: str, buckets_s: tuple[float, ...], label: str) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
         self._bounds = list(buckets_s)
-        self._counts = [0] * (len(buckets_s) + 1)  # the last one is +Inf's own
-        self._sum = 0.0
+        self._series: dict[str, tuple[list[int], list[float]]] = {}  # label value -> (counts, [sum])
         self._lock = threading.Lock()  # observed in the tick thread, collected in the HTTP one
 
-    def observe_many(self, values: list[float]) -> None:
+    def observe_many(self, values: list[float], label_value: str) -> None:
         if not values:
             return
         slots = [bisect_left(self._bounds, v) for v in values]  # first bound >= v: Prometheus' le
         with self._lock:
+            # The last count is +Inf's own.
+            counts, total = self._series.setdefault(label_value, ([0] * (len(self._bounds) + 1), [0.0]))
             for slot, value in zip(slots, values):
-                self._counts[slot] += 1
-                self._sum += value
+                counts[slot] += 1
+                total[0] += value
 
     def describe(self) -> list[Metric]:
-        return [HistogramMetricFamily(self.name, self.documentation)]
+        return [HistogramMetricFamily(self.name, self.documentation, labels=[self.label])]
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            counts, total = list(self._counts), self._sum
-        cumulative, buckets = 0, []
-        for bound, count in zip([*self._bounds, float("inf")], counts):
-            cumulative += count
-            buckets.append((floatToGoString(bound), cumulative))
-        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+            series = {value: (list(counts), total[0]) for value, (counts, total) in self._series.items()}
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, (counts, total) in sorted(series.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip([*self._bounds, float("inf")], counts):
+                cumulative += count
+                buckets.append((floatToGoString(bound), cumulative))
+            family.add_metric([value], buckets, total)
+        yield family
 
 
 class _StateCollector(Collector):
@@ -195,18 +214,25 @@ class _StateCollector(Collector):
         overdue = GaugeMetricFamily("schedulerd_overdue_jobs", "Jobs whose next occurrence is due but unclaimed.")
         overdue_age = GaugeMetricFamily("schedulerd_overdue_oldest_age_seconds",
                                         "How long the oldest unclaimed due occurrence has waited (0 when none).")
-        depth = GaugeMetricFamily("schedulerd_queue_ready", "Runs leasable now, per queue.", labels=["queue"])
+        # Per queue, from the groups this node leads: each group's runs once in the cluster
+        # (sum them across nodes), as the autoscaling signal needs them (docs/autoscaling.md).
+        depth = GaugeMetricFamily("schedulerd_queue_ready", "Runs leasable now, per queue, in the groups this node "
+                                  "leads (sum across nodes).", labels=["queue"])
         waiting = GaugeMetricFamily("schedulerd_queue_waiting",
-                                    "Runs queued for later (retry backoff, claimed ahead), per queue.",
-                                    labels=["queue"])
+                                    "Runs queued for later (retry backoff, claimed ahead), per queue, in "
+                                    "the groups this node leads (sum across nodes).", labels=["queue"])
+        running = GaugeMetricFamily("schedulerd_queue_running", "Runs leased to a worker now, per queue, in the "
+                                    "groups this node leads (sum across nodes).", labels=["queue"])
         ready_age = GaugeMetricFamily("schedulerd_queue_oldest_ready_age_seconds",
-                                      "How long the oldest leasable run of a queue has waited.", labels=["queue"])
+                                      "How long the oldest leasable run of a queue has waited, in the groups this "
+                                      "node leads (max across nodes).", labels=["queue"])
         truncated = GaugeMetricFamily("schedulerd_metrics_scan_truncated",
                                       "1 when a scan hit metrics_scan_max and its figures are lower bounds.")
         job_counts: dict[str, int] = {}
         run_counts = {"pending": 0, "running": 0, "dead_letter": 0}
         due_count, oldest_due, cut, stored_runs = 0, None, False, 0
         queues: dict[str, list[int]] = {}
+        leased: dict[str, int] = {}
         for group in node.groups:
             with node.read(group) as (txn, tables):
                 for state, n in queries.job_state_counts(txn, tables).items():
@@ -222,7 +248,9 @@ class _StateCollector(Collector):
                 if due:
                     first = min(fire for _, fire in due)
                     oldest_due = first if oldest_due is None else min(oldest_due, first)
-                cut |= queries.queue_stats(txn, tables, now, limits.metrics_scan_max, queues)
+                if group.is_leader():
+                    cut |= queries.queue_stats(txn, tables, now, limits.metrics_scan_max, queues)
+                    cut |= queries.running_by_queue(txn, tables, limits.metrics_scan_max, leased)
         for state, n in sorted(job_counts.items()):
             jobs.add_metric([state], n)
         for state, n in run_counts.items():
@@ -236,8 +264,10 @@ class _StateCollector(Collector):
             depth.add_metric([queue], ready)
             waiting.add_metric([queue], later)
             ready_age.add_metric([queue], (now - oldest) / US_PER_S)
+        for queue, count in sorted(leased.items()):
+            running.add_metric([queue], count)
         truncated.add_metric([], 1 if cut else 0)
-        yield from (jobs, runs, stored, overdue, overdue_age, depth, waiting, ready_age, truncated)
+        yield from (jobs, runs, stored, overdue, overdue_age, depth, waiting, running, ready_age, truncated)
         yield from self._raft()
         yield from self._topology()
         yield from self._disk()

@@ -269,6 +269,19 @@ def queue_stats(txn: lmdb.Transaction, t: Tables, now_us: int, scan_max: int,
     return False
 
 
+def running_by_queue(txn: lmdb.Transaction, t: Tables, scan_max: int, into: dict[str, int]) -> bool:
+    """Add the running runs of each queue into `into`; True when scan_max cut the scan short."""
+    reader = Reader(txn, t)
+    with txn.cursor(db=t.leases) as cur:
+        for scanned, key in enumerate(cur.iternext(keys=True, values=False), 1):
+            if scanned > scan_max:
+                return True
+            run = records.get_run(reader, keys.split_lease_key(key)[1])
+            if run is not None:
+                into[run["queue"]] = into.get(run["queue"], 0) + 1
+    return False
+
+
 def counts(txn: lmdb.Transaction, t: Tables) -> dict[str, Any]:
     return {name: txn.stat(getattr(t, name))["entries"] for name in ("jobs", "due", "runs", "ready", "leases")}
 

@@ -1,7 +1,7 @@
 """The files in deploy/, each checked by the tool that will read it: the alert rules by
 `promtool check rules` and their unit tests by `promtool test rules`, the systemd unit by
-`systemd-analyze verify`, and every metric that a rule or a dashboard query names against
-what a real node's /metrics exports. docs/operations.md shows the unit file as it is.
+`systemd-analyze verify`, and every metric that a rule, a dashboard query or a query of
+docs/autoscaling.md names against what a real node's /metrics exports. docs/operations.md shows the unit file as it is.
 
 In CI (CI set) a missing tool fails the test: .ci/run installs them (prometheus for
 promtool, systemd for systemd-analyze). Elsewhere the test skips."""
@@ -30,6 +30,7 @@ ALERT_TESTS = DEPLOY / "prometheus" / "alerts.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "schedulerd.json"
 UNIT = DEPLOY / "systemd" / "schedulerd.service"
 OPERATIONS = ROOT / "docs" / "operations.md"
+AUTOSCALING = ROOT / "docs" / "autoscaling.md"
 UNIT_EXEC = "/opt/schedulerd/.venv/bin/schedulerd"  # where docs/operations.md installs the daemon
 
 # Series Prometheus makes itself for each target, not the node: `up` is how a dead node shows.
@@ -38,7 +39,7 @@ PROMQL_WORDS = {
     "and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right",
     "sum", "max", "min", "avg", "count", "topk", "bottomk", "quantile", "stddev", "abs", "rate", "irate",
     "increase", "delta", "deriv", "changes", "resets", "predict_linear", "histogram_quantile", "clamp_min",
-    "clamp_max", "absent", "vector", "scalar", "time", "label_replace", "sort", "sort_desc",
+    "clamp_max", "absent", "vector", "scalar", "time", "label_replace", "sort", "sort_desc", "max_over_time",
 }
 
 
@@ -135,6 +136,17 @@ def queries() -> list[tuple[str, str]]:
             selector = re.fullmatch(r"label_values\((.+), *\w+\)", variable["query"]["query"])
             assert selector, variable["query"]
             found.append((f"variable {variable['name']}", selector.group(1)))
+    return found + autoscaling_queries()
+
+
+def autoscaling_queries() -> list[tuple[str, str]]:
+    """Every PromQL query docs/autoscaling.md shows: its promql blocks, and the `query:`,
+    `seriesQuery:` and `metricsQuery:` of its manifests (the adapter's template removed)."""
+    text = AUTOSCALING.read_text()
+    found = [("docs/autoscaling.md promql", block.strip()) for block in re.findall(r"```promql\n(.*?)```", text, re.S)]
+    for name, value in re.findall(r"\b(query|seriesQuery|metricsQuery): *'?(.+?)'?$", text, re.M):
+        found.append((f"docs/autoscaling.md {name}", value.replace("<<.LabelMatchers>>", "")))
+    assert len(found) >= 8, found  # the page's queries, so a change of format cannot silently drop them
     return found
 
 
@@ -184,7 +196,7 @@ def test_every_metric_a_rule_or_panel_queries_is_exported_by_a_node(make_cluster
     used = {(name, where) for where, expr in queries() for name, _ in selectors(expr)}
     missing = sorted((where, name) for name, where in used if name not in names and name not in PROMETHEUS_OWN)
     assert not missing, f"queried but not exported: {missing}"
-    assert {"schedulerd_disk_free_bytes", "schedulerd_raft_has_quorum",
+    assert {"schedulerd_disk_free_bytes", "schedulerd_raft_has_quorum", "schedulerd_queue_running",
             "schedulerd_dispatch_lateness_seconds_bucket"} <= {name for name, _ in used}
     # Label names are checked where the node already shows series of the metric; Prometheus
     # adds job and instance, and le is a histogram bucket's own.

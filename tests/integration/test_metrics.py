@@ -58,8 +58,8 @@ def test_metrics_follow_jobs_runs_queues_raft_and_http(make_cluster) -> None:
     assert value(samples, "schedulerd_run_events_total", event="acked") == 1
     assert value(samples, "schedulerd_run_events_total", event="nacked") == 1
     assert value(samples, "schedulerd_run_events_total", event="dead_lettered") == 1
-    assert value(samples, "schedulerd_dispatch_lateness_seconds_count") == 2
-    assert value(samples, "schedulerd_dispatch_lateness_seconds_bucket", le="+Inf") == 2
+    assert value(samples, "schedulerd_dispatch_lateness_seconds_count", queue="work") == 2
+    assert value(samples, "schedulerd_dispatch_lateness_seconds_bucket", queue="work", le="+Inf") == 2
     assert value(samples, "schedulerd_queue_oldest_ready_age_seconds", queue="idle") > 0
     assert value(samples, "schedulerd_overdue_jobs") == 0
     assert value(samples, "schedulerd_raft_is_leader", group="0") == 1
@@ -78,3 +78,26 @@ def test_metrics_follow_jobs_runs_queues_raft_and_http(make_cluster) -> None:
     assert value(samples, "schedulerd_groups_under_replicated") == 0
     assert value(samples, "schedulerd_leader_imbalance") == 0
     assert value(samples, "schedulerd_placement_moves_total", outcome="done") == 0
+
+
+def test_queue_figures_count_each_run_once_across_a_cluster(make_cluster) -> None:
+    """Summed over every node, a queue's ready and running runs are the cluster's own count,
+    not once per replica: only a group's leader exports its figures (docs/autoscaling.md)."""
+    cluster = make_cluster(3, groups=3)
+    node = cluster.nodes[0]
+    past = (datetime.now(timezone.utc) - timedelta(seconds=1)).isoformat()
+    jobs = [{"job_id": f"j{i}", "schedule": {"at": past}, "queue": "scale"} for i in range(9)]
+    status, body = node.post("/v1/jobs:batch", {"jobs": jobs})
+    assert status == 200, body
+    status, polled = node.post("/v1/tasks/poll", {"worker_id": "w", "queues": ["scale"], "max_tasks": 2,
+                                                  "wait_s": 5})
+    assert status == 200 and polled["tasks"]
+    leased = len(polled["tasks"])
+
+    def summed() -> tuple[float, float] | None:
+        scrapes = [scrape(n.url) for n in cluster.nodes]
+        ready = sum(value(s, "schedulerd_queue_ready", queue="scale") for s in scrapes)
+        running = sum(value(s, "schedulerd_queue_running", queue="scale") for s in scrapes)
+        return (ready, running) if ready + running == 9 else None
+
+    assert wait_until(summed, 15, "the nine runs counted once across the nodes") == (9 - leased, leased)

@@ -1,4 +1,5 @@
-"""metrics.BulkHistogram exposes what prometheus_client's Histogram would for the same values."""
+"""metrics.BulkHistogram exposes what prometheus_client's Histogram would for the same values,
+one series per label value."""
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
@@ -12,16 +13,17 @@ NAME = "schedulerd_dispatch_lateness_seconds"
 def exposition(values_per_entry: list[list[float]], bulk: bool) -> list[str]:
     registry = CollectorRegistry()
     if bulk:
-        histogram = BulkHistogram(NAME, "doc", LATENESS_BUCKETS_S)
+        histogram = BulkHistogram(NAME, "doc", LATENESS_BUCKETS_S, "queue")
         registry.register(histogram)
-        for values in values_per_entry:
-            histogram.observe_many(values)
+        for i, values in enumerate(values_per_entry):
+            histogram.observe_many(values, f"q{i % 2}")
     else:
-        reference = Histogram(NAME, "doc", buckets=LATENESS_BUCKETS_S, registry=registry)
-        for values in values_per_entry:
+        reference = Histogram(NAME, "doc", ["queue"], buckets=LATENESS_BUCKETS_S, registry=registry)
+        for i, values in enumerate(values_per_entry):
             for v in values:
-                reference.observe(v)
-    return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+                reference.labels(f"q{i % 2}").observe(v)
+    # Sorted: the reference lists its series in the order they were first observed.
+    return sorted(line for line in generate_latest(registry).decode().splitlines() if "_created" not in line)
 
 
 # Bucket bounds themselves are drawn often: a value equal to a bound counts in that bound's bucket.
