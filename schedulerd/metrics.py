@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from schedulerd.node import Node
+from schedulerd.queue_history import QueueHistory
 from schedulerd.raft.group import Group
 from schedulerd.storage import queries
 from schedulerd.storage.model import SKIP_REASONS, RunState
@@ -57,6 +58,7 @@ class Metrics:
                                       "by the node that leads the run's group, so once in the cluster.",
                                       LATENESS_BUCKETS_S, "queue")
         r.register(self.lateness)
+        self.history = QueueHistory(LATENESS_BUCKETS_S)  # the dashboard's per-queue charts
         self.http = Histogram("schedulerd_http_request_duration_seconds", "HTTP requests by route and status.",
                               ["method", "route", "status"], buckets=HTTP_BUCKETS_S, registry=r)
         self.fsync = Histogram("schedulerd_raft_journal_fsync_seconds", "fdatasync of the Raft journal.",
@@ -90,15 +92,21 @@ class Metrics:
             now = result["now"]
             leased = 0
             late: dict[str, list[float]] = {}
+            by_queue: dict[str, int] = {}
             run_id = ""
             for _, tasks in result["grants"]:
                 leased += len(tasks)
                 for task in tasks:
                     run_id = task["run_id"]
+                    by_queue[task["queue"]] = by_queue.get(task["queue"], 0) + 1
                     if task["attempt"] == 1 and not task.get("trigger"):
                         late.setdefault(task["queue"], []).append(max(0, now - task["scheduled_us"]) / US_PER_S)
+            group_id = self.node.group_id_of_run(run_id) if run_id else None
+            if group_id is not None:
+                for queue, count in by_queue.items():
+                    self.history.record(group_id, queue, now, count, late.get(queue, []))
             # Every replica applies the entry; only the group's leader counts it, so each lease counts once.
-            if late and self._leads_group_of(run_id):
+            if late and self._leads(group_id):
                 for queue, values in late.items():
                     self.lateness.observe_many(values, queue)
             self.runs.labels("leased").inc(leased)
@@ -125,8 +133,7 @@ class Metrics:
             self.expired.labels("job").inc(result["deleted_jobs"])
             self.expired.labels("run").inc(result["deleted_runs"])
 
-    def _leads_group_of(self, run_id: str) -> bool:
-        group_id = self.node.group_id_of_run(run_id)
+    def _leads(self, group_id: int | None) -> bool:
         group = None if group_id is None else self.node.local_group(group_id)
         return group is not None and group.is_leader()
 

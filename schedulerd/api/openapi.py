@@ -222,11 +222,21 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                        "tags": ["operations"], "parameters": [NODE_PARAM],
                        "responses": _ok("Draining.", obj(node_id=STR, state=STR), "202")}},
         "/v1/queues": {
-            "get": {"summary": "Per queue: ready now, queued for later, the oldest ready run's wait",
+            "get": {"summary": "Per queue: ready now, queued for later, the oldest ready run's wait, running now",
                     "tags": ["operations"],
                     "responses": _ok("Queues.", obj(queues={"type": "array", "items": obj(
-                        queue=STR, namespace=STR, ready=INT, waiting=INT, oldest_ready_age_s={"type": "number"})},
+                        queue=STR, namespace=STR, ready=INT, waiting=INT, oldest_ready_age_s={"type": "number"},
+                        running=INT)},
                         truncated={"type": "boolean"}))}},
+        "/v1/queues/history": {
+            "get": {"summary": "Per queue, the last 15 minutes in 10-second slots: dispatches per second and the "
+                               "lateness p50/p99 of first leases (the dashboard's charts)",
+                    "tags": ["operations"],
+                    "responses": _ok("Queue history.", obj(slot_s=INT, queues={"type": "array", "items": obj(
+                        queue=STR, namespace=STR, points={"type": "array", "items": obj(
+                            time=INT, dispatched_per_s={"type": "number"},
+                            lateness_p50_s={"type": ["number", "null"]},
+                            lateness_p99_s={"type": ["number", "null"]})})}))}},
         "/v1/calendars": {
             "get": {"summary": f"Every holiday calendar, by name (at most calendars_max, {limits.calendars_max})",
                     "tags": ["calendars"],

@@ -47,6 +47,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v1/cluster/nodes/{node_id}", nodes.standing),
     ("DELETE", "/v1/cluster/nodes/{node_id}", nodes.remove),
     ("GET", "/v1/queues", cluster.queues),
+    ("GET", "/v1/queues/history", cluster.queues_history),
     ("GET", "/v1/calendars", calendars.list_calendars),
     ("GET", "/v1/calendars/{name}", calendars.get),
     ("PUT", "/v1/calendars/{name}", calendars.put),

@@ -74,6 +74,13 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
             "return [...document.querySelectorAll('#data-groups tr[data-group] td')].map(td => td.textContent)")
         assert members[0] == "0" and len(members[1].split(", ")) == 3, members  # group 0 on the three nodes
         assert "voters" in browser.run_js("return document.getElementById('meta').textContent")
+        # The ui queue's last 15 minutes: a line of dispatches and of lateness, from the two leases.
+        wait_until(lambda: browser.run_js(
+            "return document.querySelectorAll('#queue-charts [data-chart=\"ui\"] polyline.rate').length") == 1,
+            15, "the ui queue's charts")
+        assert browser.run_js("return document.querySelector('#queue-charts [data-chart=\"ui\"] "
+                              "polyline.p99').getAttribute('points')"), "a p99 line with points"
+        assert "running" in browser.run_js("return document.getElementById('queues').textContent")
 
         browser.click('#jobs tr[data-job-id="nightly-report"]')
         wait_until(lambda: browser.run_js(
