@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Any
 
+from schedulerd import tracing
 from schedulerd.errors import SchedulerError
 from schedulerd.node import Node
 from schedulerd.raft.group import Group
@@ -92,9 +93,21 @@ class LeaderLoops:
             "now": now, "grace_us": int(cfg.misfire_grace_s * US_PER_S),
             "claims": [[job_id, fire] for job_id, fire in batch], **self._calendars(group, batch)})
         deferred.update((job_id, fire) for job_id, fire in result["deferred"])
+        if tracing.on():
+            self._trace_claimed(group, result["runs"])
         log.debug("claim_batch group=%d claimed=%d stale=%d deferred=%d", group.group_id, len(result["runs"]),
                   result["stale"], len(result["deferred"]))
         return len(due) > len(batch)
+
+    def _trace_claimed(self, group: Group, run_ids: list[str]) -> None:
+        """The claim's span, linked to each claimed run's job's trace context (read only when
+        tracing is on: the claim entry names jobs, its result runs)."""
+        with self.node.read(group) as (txn, tables):
+            reader = records.Reader(txn, tables)
+            runs = [run for run in (records.get_run(reader, run_id) for run_id in run_ids) if run is not None]
+            parts = queries.task_parts(txn, tables, [run["job_id"] for run in runs])
+        tracing.record("claim", "publish", "INTERNAL",
+                       [(run["run_id"], run["queue"], parts[run["job_id"]]) for run in runs])
 
     def _calendars(self, group: Group, batch: list[tuple[str, int]]) -> dict[str, Any]:
         """The calendars the batch's jobs name, as this node's metadata replica has them, for

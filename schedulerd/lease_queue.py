@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
-from schedulerd import views
+from schedulerd import tracing, views
 from schedulerd.coalescer import Coalescer
 from schedulerd.errors import TooManyRequests, Unavailable
 from schedulerd.node import Node
@@ -132,4 +132,7 @@ class LeaseQueue:
         # node's replica (it has applied the grant), not in apply on every replica.
         with self.node.read(group) as (txn, tables):
             parts = queries.task_parts(txn, tables, [t["job_id"] for t in granted])
+        if tracing.on():
+            tracing.record("lease", "receive", "SERVER",
+                           [(t["run_id"], t["queue"], parts[t["job_id"]]) for t in granted])
         return [views.task(t, parts[t["job_id"]]) for t in granted]

@@ -16,7 +16,7 @@ import click
 import uvloop
 from aiohttp import web
 
-from schedulerd import auth, datadir_lock, join, jobspec, logfmt
+from schedulerd import auth, datadir_lock, join, jobspec, logfmt, tracing
 from schedulerd.api.app import make_app, server_options
 from schedulerd.auth import TokenFile
 from schedulerd.clock import Clock
@@ -55,6 +55,7 @@ def _is_loopback(host: str) -> bool:
 async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = None,
                 tls: ssl.SSLContext | None = None) -> None:
     loop = asyncio.get_running_loop()
+    tracing.setup(os.environ)  # spans only with the otel extra and OTEL_* set: else nothing is imported
     node = Node(config, clock)
     node.start(loop)
     leases = LeaseQueue(node)
@@ -78,6 +79,7 @@ async def serve(config: NodeConfig, clock: Clock, tokens: TokenFile | None = Non
     await runner.cleanup()
     await loops.stop()
     node.stop()
+    tracing.disable()  # the spans still batched go out
 
 
 def _nothing_to_reload() -> None:

@@ -121,7 +121,7 @@ def task(rec: dict[str, Any], job: TaskPart | None) -> TaskView:
     # to lease_batch_max of these, and the copy outward makes was a third of the cost.
     namespace, job_id = split(rec["job_id"])
     scheduled_time = to_iso(rec["scheduled_us"])
-    return {
+    view: dict[str, Any] = {
         "run_id": rec["run_id"],
         "job_id": job_id,
         "queue": split(rec["queue"])[1],
@@ -133,7 +133,14 @@ def task(rec: dict[str, Any], job: TaskPart | None) -> TaskView:
         "target": job.target if job is not None else None,
         "timeout_s": _seconds(rec.get("timeout_us")),
         "namespace": namespace,
-    }, job.payload_json if job is not None else "null"
+    }
+    if job is None:
+        return view, "null"
+    if job.traceparent is not None:  # only a job created with a trace context (the usual task sends none)
+        view["traceparent"] = job.traceparent
+        if job.tracestate is not None:
+            view["tracestate"] = job.tracestate
+    return view, job.payload_json
 
 
 def tasks_json(tasks: list[TaskView], now_us: int) -> str:

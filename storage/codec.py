@@ -63,9 +63,11 @@ class Layouts:
         """A decoder of the fields named by the Struct `fields` out of a record stored
         either way, the others skipped unbuilt: a job read for its payload and target
         alone costs a quarter of a full unpack.
-        Every layout must hold those fields."""
+        Every layout must hold those fields but trailing ones with defaults that none holds
+        (a newer optional field): only a record stored as a map has those."""
         by_map = msgspec.msgpack.Decoder(fields)
-        names = fields.__struct_fields__
+        names = tuple(name for name in fields.__struct_fields__ if all(name in layout for layout in self.layouts))
+        assert names == fields.__struct_fields__[:len(names)], f"{fields.__name__}: laid-out fields come first"
         parts = []
         for n, layout in enumerate(self.layouts):
             last = max(layout.index(name) for name in names)

@@ -14,8 +14,8 @@ from schedulerd.storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 19
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19})
+VERSION = 20
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -107,6 +107,12 @@ BACKFILL_SINCE = 18
 # lists is recorded skipped (`calendar`), on time and in a catch-up. A create entry does not
 # claim the first occurrence of a job naming a calendar: the scan's claim entry does.
 CALENDAR_SINCE = 19
+# Since 20: a create entry's job may carry traceparent and tracestate (W3C Trace Context, the
+# create's headers; schedulerd/tracing.py), stored with it and delivered in each of its tasks.
+# Apply's rules do not change (a create stores the fields its job gives); the gate keeps them
+# out of the stores of a build that would not deliver them, so every replica's tasks agree.
+# Before every voter reads 20, the API creates the job without them rather than refusing it.
+TRACE_SINCE = 20
 
 
 class Op(IntEnum):

@@ -22,6 +22,10 @@ class TaskPart(msgspec.Struct, frozen=True):
 
     payload_json: str
     target: Any = None
+    # The create's W3C trace context (entry version 20 on; schedulerd/tracing.py). No layout
+    # holds them: a job that has them is stored as a map.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 _TASK_PART = JOBS.partial_decoder(TaskPart)

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true",
-                     help="also run the long runs marked soak (the fault harness's other smoke seeds)")
+                     help="also run the long runs marked soak (the fault harness's other smoke seeds, two bench smokes)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

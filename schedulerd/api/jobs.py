@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from schedulerd import jobspec, labels, namespaces, targets, views
+from schedulerd import jobspec, labels, namespaces, targets, tracing, views
 from schedulerd.api import forward, inputs
 from schedulerd.api.keys import CREATES, NODE
 from schedulerd.auth import audit_note, may_manage_jobs
@@ -53,8 +53,11 @@ async def create(request: web.Request) -> web.Response:
                                                       request.headers.get("Idempotency-Key")))
     targets.check_destination(spec.get("target"), cfg.destinations)
     _versions_carry(node, spec)
+    trace = tracing.from_headers(request.headers)
+    _with_trace(node, spec, trace)
     spec["audit"] = audit_note(request, f"create job {spec['job_id']}")
-    (result,) = await _create(node, creates, [spec])
+    with tracing.create_span(trace, [spec]):
+        (result,) = await _create(node, creates, [spec])
     if not result["ok"]:
         raise from_wire(result["code"], result["message"])
     body = jobspec.warned(_created_view(node, result), spec["schedule"])
@@ -227,12 +230,14 @@ async def create_batch(request: web.Request) -> web.Response:
     raw = inputs.items(await inputs.body(request), "jobs", max_items=limits.create_batch_max,
                        limit_name="create_batch_max")
     namespace = namespaces.of_request(request)  # once a request: it was a header read and a regex per job
+    trace = tracing.from_headers(request.headers)  # the request's, for each of its jobs
     specs = []
     for position, job in enumerate(raw):
         try:
             specs.append(_in_namespace(namespace, jobspec.parse_job(job, now, limits)))
             targets.check_destination(specs[-1].get("target"), cfg.destinations)
             _versions_carry(node, specs[-1])
+            _with_trace(node, specs[-1], trace)
         except SchedulerError as exc:
             # The whole batch is refused; say which job, so a file import can point at it.
             named = f" (job_id {job.get('job_id')!r})" if isinstance(job, dict) and job.get("job_id") else ""
@@ -263,7 +268,9 @@ async def create_batch(request: web.Request) -> web.Response:
         specs[here[0]]["audit"] = audit_note(request, f"create {len(here)} jobs ({specs[here[0]]['job_id']}, ...)",
                                              count=len(here))
     answered: list[dict[str, Any]] = [{}] * len(specs)
-    for position, r in zip(here, await _create(node, creates, [specs[p] for p in here])):
+    with tracing.create_span(trace, [specs[p] for p in here]):
+        created = await _create(node, creates, [specs[p] for p in here])
+    for position, r in zip(here, created):
         answered[position] = warned(position, item(r))
     for group_id, positions in by_group.items():
         if group_id not in held:  # this share goes to a node that holds the group
@@ -419,6 +426,17 @@ def _versions_carry(node: Node, spec: dict[str, Any]) -> None:
     if spec.keys() & RETENTION:
         node.require_entry_version(group, ops.RETENTION_SINCE, "a job's retention")
     _check_new_fields(node, group, spec.get("schedule"), spec)
+
+
+def _with_trace(node: Node, spec: dict[str, Any], trace: dict[str, str]) -> None:
+    """The request's trace context into the job, when its group writes entries that carry it
+    (ops.TRACE_SINCE). Before, the job is created without it: a tracing header does not refuse
+    a create. A holder elsewhere takes it from the forwarded headers."""
+    if not trace:
+        return
+    group = node.local_group(node.group_id_of_job(spec["job_id"]))
+    if group is not None and group.versions.writes() >= ops.TRACE_SINCE:
+        spec.update(trace)
 
 
 def _check_new_fields(node: Node, group: Group, schedule: dict[str, Any] | None,

@@ -43,6 +43,10 @@ def _param(name: str, where: str, schema: Schema, description: str = "") -> Sche
 JOB_PARAM = _param("job_id", "path", JOB_ID)
 RUN_PARAM = _param("run_id", "path", RUN_ID)
 NODE_PARAM = _param("node_id", "path", {"type": "string", "pattern": "^n-[0-9a-f]{12}$"})
+# W3C Trace Context: stored with each job created and delivered in its tasks; invalid ones are ignored.
+TRACE_HEADERS = (_param("traceparent", "header", STR, "W3C traceparent the job is created in; each of its tasks "
+                        "carries it. An invalid one is ignored (W3C Trace Context), not refused."),
+                 _param("tracestate", "header", STR, "W3C tracestate, kept with a valid traceparent."))
 
 
 def _cursor(regex: str) -> Schema:
@@ -69,7 +73,8 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
         "/v1/jobs": {
             "post": {"summary": "Create a job", "tags": ["jobs"],
                      "parameters": [_param("Idempotency-Key", "header", IDEMPOTENCY_KEY,
-                                           "Or the body's idempotency_key; both given must be equal.")],
+                                           "Or the body's idempotency_key; both given must be equal."),
+                                    *TRACE_HEADERS],
                      "requestBody": _body(create),
                      "responses": _ok("Created (200: the same idempotent request again).", JOB, "201", "200")},
             "get": {"summary": "List jobs", "tags": ["jobs"],
@@ -89,7 +94,8 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
         "/v1/jobs:batch": {
             "post": {"summary": f"Create up to {limits.create_batch_max} jobs in one Raft entry", "tags": ["jobs"],
                      "parameters": [_param("Prefer", "header", STR,
-                                           "return=minimal: each created job's result without its view.")],
+                                           "return=minimal: each created job's result without its view."),
+                                    *TRACE_HEADERS],
                      "requestBody": _body(obj(("jobs",), jobs={"type": "array", "items": create, "minItems": 1,
                                                                "maxItems": limits.create_batch_max})),
                      "responses": _ok("One result per job, in order.", ITEM_RESULTS)}},

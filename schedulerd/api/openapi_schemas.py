@@ -196,7 +196,10 @@ RUN: Schema = {"type": "object", "properties": {
 TASK: Schema = {"type": "object", "properties": {
     "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "scheduled_time": TIME, "attempt": INT,
     "fence": INT, "idempotency_key": STR, "lease_until": TIME, "payload": {}, "target": {"type": ["object", "null"]},
-    "timeout_s": {"type": ["number", "null"]}}}
+    "timeout_s": {"type": ["number", "null"]},
+    # Only in a task whose job was created with a trace context (W3C; schedulerd/tracing.py).
+    "traceparent": {"type": "string", "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"},
+    "tracestate": STR}}
 ERROR: Schema = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["code", "message"], "properties": {"code": STR, "message": STR}}}}
 ITEM_RESULTS: Schema = {"type": "object", "properties": {"results": {"type": "array", "items": {

@@ -6,14 +6,14 @@ from typing import Any
 
 from aiohttp import web
 
-from schedulerd import auth, jobspec, namespaces, views
+from schedulerd import auth, jobspec, namespaces, tracing, views
 from schedulerd.api import forward, inputs
 from schedulerd.api.keys import COMMITS, LEASES, NODE
 from schedulerd.coalescer import Coalescer
 from schedulerd.errors import InvalidRequest, NotFound, from_wire
 from schedulerd.node import Node
 from schedulerd.raft.group import Group
-from schedulerd.storage import records
+from schedulerd.storage import queries, records
 from schedulerd.storage.ops import Op
 from schedulerd.timefmt import to_iso
 from schedulerd.units import US_PER_S
@@ -171,6 +171,13 @@ async def _shares(request: web.Request, worker_id: str, items: list[tuple[Any, .
     return out
 
 
+def _trace_settled(node: Node, group: Group, runs: list[dict[str, Any]]) -> None:
+    """The ack's span, linked to each acked run's job's trace context (read only when tracing is on)."""
+    with node.read(group) as (txn, tables):
+        parts = queries.task_parts(txn, tables, [run["job_id"] for run in runs])
+    tracing.record("ack", "settle", "SERVER", [(run["run_id"], run["queue"], parts[run["job_id"]]) for run in runs])
+
+
 def _item_result(r: dict[str, Any]) -> dict[str, Any]:
     if r["ok"]:
         return {"run_id": r["run_id"], "ok": True}
@@ -213,6 +220,8 @@ async def _ack(request: web.Request, worker_id: str, acks: list[tuple[str, int, 
 
     async def submit(group: Group, positions: list[int], out: list[dict[str, Any]]) -> None:
         results = await commits.acks.submit(group, [[*acks[p], worker_id] for p in positions])
+        if tracing.on():
+            _trace_settled(request.app[NODE], group, [r["run"] for r in results if r["ok"]])
         for position, r in zip(positions, results):
             out[position] = _item_result(r)
             if r["ok"] and with_runs:

@@ -27,7 +27,7 @@ import uvloop
 
 from schedulerd.errors import (Conflict, InvalidRequest, LimitExceeded, SchedulerError, StaleFence, TooLarge,
                                Unavailable)
-from schedulerd.sdk import wire
+from schedulerd.sdk import tracing, wire
 from schedulerd.sdk.acks import ACK_BATCH_MAX, AckBatcher
 from schedulerd.sdk.isolation import (BUSY_ERROR, ISOLATIONS, KILL_GRACE_S, LEASE_LOST, MAX_TASKS_PER_CHILD, STOPPING,
                                       ProcessPool, handler_ref)
@@ -75,6 +75,10 @@ class Task:
     payload: Any
     target: dict[str, Any] | None = None  # a job's built-in executor target (schedulerd/targets.py)
     timeout_s: float | None = None  # the job's per-attempt timeout, if it has one
+    # The W3C trace context the job was created in (servers before it, and jobs without one: None);
+    # with OpenTelemetry configured, the handler's span links to it (schedulerd/sdk/tracing.py).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class _PollAnswer(msgspec.Struct):
@@ -513,13 +517,19 @@ class Worker:
             assert self._pool is not None, "made in run_async for process handlers"
             loop = asyncio.get_running_loop()
             wait_s = None if task.timeout_s is None else max(0.0, started + task.timeout_s - loop.time())
-            return await self._pool.run(ref, task, wait_s)
+            # The span is the parent's, around the child's run: the child gets the traceparent in its task.
+            with tracing.handler_span(task) as span:
+                verb, value = await self._pool.run(ref, task, wait_s)
+                if verb == "nack":
+                    tracing.failed(span, value)
+            return verb, value
         try:
             if task.queue in self._async_queues:
-                result = await handler(task)
+                with tracing.handler_span(task):
+                    result = await handler(task)
             else:
                 loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor, handler, task)
+                result = await loop.run_in_executor(self._executor, _in_span, handler, task)
             if result is not None:
                 # A JSON value (json refuses a set, which the ack's encoder would send as a
                 # list) that the ack's encoder can carry (it refuses a dict keyed by None,
@@ -731,6 +741,12 @@ def _forget(done: asyncio.Task[None], tracked: set[asyncio.Task[None]], event: s
     tracked.discard(done)
     if not done.cancelled() and done.exception() is not None:
         log.error(event, exc_info=done.exception())
+
+
+def _in_span(handler: Handler, task: Task) -> Any:
+    """A thread handler's call, inside its span (current in the executor's thread)."""
+    with tracing.handler_span(task):
+        return handler(task)
 
 
 def _encode(body: dict[str, Any]) -> bytes:

@@ -39,6 +39,7 @@ def test_bench_scenario_runs_every_job_once(tmp_path: pathlib.Path, scenario: st
     assert "| box slowdown over the window" in stdout
 
 
+@pytest.mark.soak  # 21 s of the default suite's budget; bench/retention.py is run by hand for its figures
 def test_retention_samples_the_store_and_the_ttl_deletes(tmp_path: pathlib.Path) -> None:
     """An 8 s run with a 2 s TTL, its first 4 s of jobs a backlog expiring together and
     the nodes' sweep entries made small: every job runs once, every node is sampled,
@@ -90,6 +91,7 @@ def test_isolation_cost_runs_a_thread_and_a_process_handler() -> None:
     assert " thread: " in proc.stdout and "process: " in proc.stdout and "process - thread:" in proc.stdout
 
 
+@pytest.mark.soak  # 27 s of the default suite's budget; bench/scale.py is run by hand for its figures
 def test_scale_side_by_side_runs_every_window_on_both_clusters(tmp_path: pathlib.Path) -> None:
     _, report = run_bench(tmp_path, ["scale", "--live", "2000", "--baseline-live", "500", "--rate", "30",
                                      "--duration", "2", "--workers", "1", "--side-by-side", "1"], 300)

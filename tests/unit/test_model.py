@@ -61,7 +61,7 @@ RUN_FIELDS = ("job_id", "scheduled_us", "state", "attempt", "max_attempts", "fen
 JOB_FIELDS = ("state", "next_fire_us", "schedule", "priority", "max_attempts", "payload_json", "misfire_policy",
               "overlap_policy", "catchup_limit", "starting_deadline_us", "timeout_us", "history_limit", "jitter_us",
               "backoff", "finished_ttl_us", "history_ttl_us", "keep_dead_letters", "max_runs", "runs_made",
-              "pause_on_failure", "pause_cause", "skip_calendar")
+              "pause_on_failure", "pause_cause", "skip_calendar", "traceparent", "tracestate")
 
 Rec = dict[str, Any]
 
@@ -104,7 +104,10 @@ RETENTION = {"finished_ttl_us": st.sampled_from([0, 1 * S, 3 * S]), "history_ttl
 DEFAULT_TTL_US = 2 * S
 # Optional fields of a create beside its retention: max_runs, from entry version 14.
 OPTIONAL = {**RETENTION, "max_runs": st.sampled_from([1, 2, 3]), "pause_on_failure": st.booleans(),
-            "skip_calendar": st.sampled_from(["hol", "gone"])}
+            "skip_calendar": st.sampled_from(["hol", "gone"]),
+            # A create's trace context (entry version 20): stored as given, kept through every change.
+            "traceparent": st.just("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            "tracestate": st.just("vendor=1")}
 # The calendars a claim entry carries (entry version 19): "hol" in one of two zones, "gone"
 # never (deleted, or unknown to the proposer: it skips nothing). T0 is 08:00 UTC on
 # 2027-01-15, midnight starting that day in Los Angeles (UTC-8 in January): the LA ranges
@@ -397,6 +400,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             specs = [{k: v for k, v in spec.items() if k not in RETENTION} for spec in specs]
         if version < ops.CALENDAR_SINCE:  # the API refuses skip_calendar until every voter reads 19
             specs = [{k: v for k, v in spec.items() if k != "skip_calendar"} for spec in specs]
+        if version < ops.TRACE_SINCE:  # the API creates the job without its trace context until every voter reads 20
+            specs = [{k: v for k, v in spec.items() if k not in ("traceparent", "tracestate")} for spec in specs]
         self.propose(Op.CREATE_JOBS, self.model.create, version, now=self.now, jobs=specs, claim_ahead_us=lookahead,
                      grace_us=grace, finished_ttl_us=DEFAULT_TTL_US)
 
