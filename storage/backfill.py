@@ -16,18 +16,17 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from schedulerd.storage import claims, cron, overlap, records
-from schedulerd.storage.model import RUN_QUEUED, JobState, Reason
+from schedulerd.storage import claims, cron, jobs, overlap, records
+from schedulerd.storage.model import RUN_QUEUED, Reason
 from schedulerd.storage.records import Ctx, Record
 
 
 def backfill_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     job_id, now = cmd["job_id"], cmd["now"]
     job = records.get_job(ctx, job_id)
-    if job is None:
-        return records.rejected("not_found", f"no job {job_id!r}")
-    if job["state"] == JobState.CANCELLED:
-        return records.rejected("conflict", f"job {job_id!r} is cancelled: none of its runs starts after its DELETE")
+    err = jobs.not_cancelled(job, job_id)
+    if err:
+        return err
     policy = cmd.get("overlap_policy")
     subject = job if policy is None else dict(job, overlap_policy=policy)
     records.prune_history(ctx, job_id, job["history_limit"] - 1, now)

@@ -234,6 +234,16 @@ def _rearm(schedule: dict[str, Any], now: int, own_time: bool) -> int | None:
     return cron.next_after(schedule, now)
 
 
+def not_cancelled(job: Record | None, job_id: str) -> dict[str, Any] | None:
+    """The rejection of a command that changes a job or adds a run to it (update, trigger,
+    backfill) when there is no such job or it is cancelled; None when it may go on."""
+    if job is None:
+        return records.rejected("not_found", f"no job {job_id!r}")
+    if job["state"] == JobState.CANCELLED:
+        return records.rejected("conflict", f"job {job_id!r} is cancelled")
+    return None
+
+
 def _not_live(job: Record | None, job_id: str) -> dict[str, Any] | None:
     if job is None:
         return records.rejected("not_found", f"no job {job_id!r}")
@@ -246,10 +256,9 @@ def update_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     """Change a job's definition; runs already claimed keep theirs."""
     job_id, now, changes = cmd["job_id"], cmd["now"], cmd["changes"]
     job = records.get_job(ctx, job_id)
-    if job is None:
-        return records.rejected("not_found", f"no job {job_id!r}")
-    if job["state"] == JobState.CANCELLED:
-        return records.rejected("conflict", f"job {job_id!r} is cancelled")
+    err = not_cancelled(job, job_id)
+    if err:
+        return err
     changes = {k: v for k, v in changes.items() if k in UPDATABLE}
     if "backoff" in changes and ctx.version >= ops.BACKOFF_PARTS_SINCE:
         stored = job.get("backoff") or retry.DEFAULT_BACKOFF
@@ -291,10 +300,9 @@ def trigger_job(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     """An extra occurrence now, with its own scheduled time and so its own idempotency key."""
     job_id, now = cmd["job_id"], cmd["now"]
     job = records.get_job(ctx, job_id)
-    if job is None:
-        return records.rejected("not_found", f"no job {job_id!r}")
-    if job["state"] == JobState.CANCELLED:
-        return records.rejected("conflict", f"job {job_id!r} is cancelled")
+    err = not_cancelled(job, job_id)
+    if err:
+        return err
     at = now
     while records.occurrence_taken(ctx, job_id, at):
         at += 1

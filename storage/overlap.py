@@ -23,9 +23,9 @@ from schedulerd.storage.records import Ctx, Record
 
 RUN, SKIP, BUFFER, REPLACE = "run", "skip", "buffer", "replace"
 BUFFERED_MAX = 1000  # buffered runs of one job: a job that always overruns must not grow without end
-HOLDING = frozenset({OverlapPolicy.BUFFER_ONE.value, OverlapPolicy.BUFFER_ALL.value})  # policies that buffer
 _ALLOW, _SKIP = OverlapPolicy.ALLOW.value, OverlapPolicy.SKIP.value
 _BUFFER_ONE, _BUFFER_ALL = OverlapPolicy.BUFFER_ONE.value, OverlapPolicy.BUFFER_ALL.value
+HOLDING = frozenset({_BUFFER_ONE, _BUFFER_ALL})  # the policies that buffer
 _CANCEL_OTHER = OverlapPolicy.CANCEL_OTHER.value
 
 
@@ -69,7 +69,7 @@ def release_freed(ctx: Ctx, now: int) -> None:
     buffered run released into the ready queue."""
     for job_id in sorted(ctx.freed):
         stats = records.job_stats(ctx, job_id)
-        if stats.get("buffered") and not records.open_runs(stats):
+        if stats.get("buffered") and not records.active_runs(stats):
             _release(ctx, _buffered(ctx, job_id, stats)[-1:], now)
     ctx.freed.clear()
 

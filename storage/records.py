@@ -191,8 +191,9 @@ def _count(stats: Record, run: Record, sign: int) -> None:
         stats["running"] += sign
 
 
-def open_runs(stats: Record) -> int:
-    """Runs of a job that are queued (not buffered), waiting for a retry or running."""
+def active_runs(stats: Record) -> int:
+    """Runs of a job that are queued (not buffered), waiting for a retry or running: what
+    a buffered run waits behind."""
     return stats["pending"] + stats["running"] - stats.get("buffered", 0)
 
 
@@ -205,7 +206,7 @@ def _bump(ctx: Ctx, job_id: str, before: Record | None, after: Record | None) ->
         if rec is not None:
             _count(stats, rec, sign)
     ctx.stats_changed.add(job_id)
-    if "buffered" in stats and open_runs(stats) == 0:
+    if "buffered" in stats and active_runs(stats) == 0:
         ctx.freed.add(job_id)
 
 
