@@ -19,6 +19,7 @@ from click.shell_completion import get_completion_class
 
 from schedulerd.cli import backfill, explain, jobs, live, runs
 from schedulerd.cli.calendar import calendar
+from schedulerd.cli.queue import queue
 from schedulerd.cli.output import cluster_text, format_fields, format_table
 from schedulerd.cli.session import CliError, OneLineGroup, Session
 from schedulerd.cli.worker_cmd import worker
@@ -168,7 +169,7 @@ def completion(shell: str) -> None:
 
 
 for _command in (*jobs.COMMANDS, backfill.backfill, explain.explain, *runs.COMMANDS, cluster, top_command, audit_command, completion,
-                 worker, calendar):
+                 worker, calendar, queue):
     schedctl.add_command(_command)
 
 

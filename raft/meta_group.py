@@ -189,6 +189,13 @@ class MetaGroup:
             calendars: dict[str, Any] = self.state["calendars"]
         return calendars
 
+    def queue_limits(self) -> dict[str, Any]:
+        """The queues' limits (storage/meta.py), uncopied, as `calendars()`: every lease entry
+        this node proposes reads them."""
+        with self._lock:
+            limits: dict[str, Any] = self.state["queue_limits"]
+        return limits
+
     def propose(self, command: dict[str, Any], loop: asyncio.AbstractEventLoop) -> "asyncio.Future[Any]":
         """Commit one command; the future resolves with its result on this replica."""
         fut, done = proposals.callback(loop, f"{command.get('op')}: the metadata group ")

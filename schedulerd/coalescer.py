@@ -16,11 +16,17 @@ from schedulerd.raft.group import Group
 from schedulerd.storage.ops import Op
 
 Propose = Callable[[Group, Op, dict[str, Any]], Awaitable[dict[str, Any]]]
+# The entry's other fields, from its group and its items, as it is proposed.
+Extra = Callable[[Group, list[Any]], dict[str, Any]]
+
+
+def _no_extra(group: Group, items: list[Any]) -> dict[str, Any]:
+    return {}
 
 
 class Coalescer:
     def __init__(self, propose: Propose, op: Op, items_field: str, results_field: str, max_weight: int,
-                 extra: Callable[[], dict[str, Any]] = dict, weight: Callable[[Any], int] = lambda item: 1) -> None:
+                 extra: Extra = _no_extra, weight: Callable[[Any], int] = lambda item: 1) -> None:
         self._propose = propose
         self._op = op
         self._items_field = items_field
@@ -65,7 +71,7 @@ class Coalescer:
     async def _commit(self, group: Group, batch: list[tuple[list[Any], asyncio.Future[list[Any]]]]) -> None:
         items = [item for part, _ in batch for item in part]
         try:
-            result = await self._propose(group, self._op, {self._items_field: items, **self._extra()})
+            result = await self._propose(group, self._op, {self._items_field: items, **self._extra(group, items)})
         except Exception as exc:
             for _, fut in batch:
                 if not fut.done():

@@ -18,7 +18,7 @@ from schedulerd.coalescer import Coalescer
 from schedulerd.errors import TooManyRequests, Unavailable
 from schedulerd.node import Node
 from schedulerd.raft.group import Group
-from schedulerd.storage import queries
+from schedulerd.storage import ops, queries, queue_limits
 from schedulerd.storage.ops import Op
 from schedulerd.units import US_PER_S
 
@@ -37,9 +37,13 @@ class LeaseQueue:
         self.leased = 0
         self._closing = False
 
-        def lease_term() -> dict[str, Any]:
+        def lease_term(group: Group, grants: list[Any]) -> dict[str, Any]:
             now = node.now_us()
-            return {"now": now, "lease_until": now + int(node.config.lease_s * US_PER_S)}
+            term: dict[str, Any] = {"now": now, "lease_until": now + int(node.config.lease_s * US_PER_S)}
+            limits = self._carried(group, [q for _, queues, _ in grants for q in queues])
+            if limits:
+                term["limits"] = limits
+            return term
 
         # Polls waiting at once on this node share LEASE_READY entries.
         self._grants = Coalescer(node.propose, Op.LEASE_READY, "grants", "grants",
@@ -75,15 +79,37 @@ class LeaseQueue:
 
     def _until_next_ready(self, queues: list[str]) -> float:
         """Seconds until this node would ask for the earliest run of these queues (a retry
-        backoff ending, a run claimed ahead of its time, a follower's defer ending); no
-        apply signals that."""
+        backoff ending, a run claimed ahead of its time, a follower's defer ending, a queue's
+        rate limit granting its next start); no apply signals that."""
         best = float("inf")
         for group in self._leasable():
+            asks_before = self._asks_before_us(group)
             with self.node.read(group) as (txn, tables):
-                at = queries.next_ready_us(txn, tables, queues)
-            if at is not None:
-                best = min(best, max(0.0, (at - self._asks_before_us(group)) / US_PER_S))
+                budget = self._budget(group, queues, txn, tables, asks_before)
+                open_queues = budget.open(queues) if budget is not None else queues
+                at = queries.next_ready_us(txn, tables, open_queues) if open_queues else None
+                refill = budget.next_token_us(queues) if budget is not None else None
+            for when in (at, refill):
+                if when is not None:
+                    best = min(best, max(0.0, (when - asks_before) / US_PER_S))
         return best + 0.001 if best != float("inf") else 3600.0
+
+    def _carried(self, group: Group, queues: list[str]) -> queue_limits.Carried:
+        """The limits a lease entry for `group` carries for these queues (storage/queue_limits.py):
+        none while no queue has limits, or while the group writes entries an older build reads."""
+        stored = self.node.queue_limits()
+        if not stored or group.versions.writes() < ops.QUEUE_LIMITS_SINCE:
+            return {}
+        return queue_limits.carried(stored, queues, self.node.config.raft.groups, group.group_id)
+
+    def _budget(self, group: Group, queues: list[str], txn: Any, tables: Any,
+                now_us: int) -> queue_limits.Budget | None:
+        """What this replica says the group may still grant of the queues (None: no queue has
+        limits): a queue at its limit is not asked for, so a poll waits instead of proposing
+        entries that lease nothing."""
+        if not self.node.queue_limits():
+            return None
+        return queue_limits.Budget(txn, tables, self._carried(group, queues), {}, now_us)
 
     def _leasable(self) -> list[Group]:
         return [g for g in self.node.groups if self._may_lease(g)]
@@ -123,8 +149,11 @@ class LeaseQueue:
         return tasks
 
     async def _lease_from(self, group: Group, worker_id: str, queues: list[str], want: int) -> list[views.TaskView]:
+        asks_before = self._asks_before_us(group)
         with self.node.read(group) as (txn, tables):
-            if not queries.ready(txn, tables, queues, self._asks_before_us(group), 1):
+            budget = self._budget(group, queues, txn, tables, asks_before)
+            open_queues = budget.open(queues) if budget is not None else queues
+            if not open_queues or not queries.ready(txn, tables, open_queues, asks_before, 1):
                 return []  # nothing to ask for as far as this replica knows
         ((_, granted),) = await self._grants.submit(group, [[worker_id, queues, want]])
         self.leased += len(granted)

@@ -75,6 +75,11 @@ class Limits:
     calendars_max: int = 100
     # Disjoint date ranges of one calendar, after merging (a claim entry may carry them).
     calendar_ranges_max: int = 1000
+    # Queues with limits in the cluster (metadata group state; a lease entry carries those its polls name).
+    queue_limits_max: int = 1000
+    # The highest max_running and max_starts_per_s a queue may be given.
+    queue_running_max: int = 1_000_000
+    queue_starts_per_s_max: float = 1_000_000.0
     # Labels on one job (each key and value is also bounded by Kubernetes' syntax).
     labels_max: int = 64
     # Characters of a job's description.

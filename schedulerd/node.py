@@ -30,6 +30,9 @@ RUN_ID_RE = re.compile(r"[0-9]{1,4}-[0-9]{1,19}-[0-9]{1,9}")
 # Ops after which a ready run may have appeared (or a lease ended): wake long-polls.
 # A create wakes them only when it claimed something (claims.claim_created).
 READY_CHANGING = frozenset({Op.CLAIM_BATCH, Op.NACK, Op.EXPIRE_LEASES, Op.TRIGGER_JOB, Op.REDRIVE_RUN})
+# Entries that may end a running run: with queue limits set, a poll waiting on a queue at its
+# max_running may lease again (storage/queue_limits.py).
+RUNNING_ENDING = frozenset({Op.ACK, Op.CANCEL_RUN, Op.CANCEL_JOB, Op.JOBS_ACTION})
 
 
 class Node:
@@ -120,13 +123,17 @@ class Node:
             listener(op, result)
         if log.isEnabledFor(logging.DEBUG):
             log_applied(group_id, index, op, result)
-        if (op in READY_CHANGING or op == Op.CREATE_JOBS and result["runs"]) and self.loop is not None \
-                and not self.loop.is_closed():
+        if (op in READY_CHANGING or op == Op.CREATE_JOBS and result["runs"]
+                or op in RUNNING_ENDING and self.queue_limits()) and self.loop is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self._pulse_ready)
 
     def _pulse_ready(self) -> None:
         event, self._ready_event = self._ready_event, asyncio.Event()
         event.set()
+
+    def queue_limits(self) -> dict[str, Any]:
+        """The queues' limits as this node's metadata replica has them (storage/meta.py)."""
+        return self.topology.meta.queue_limits() if self.topology is not None else {}
 
     def ready_signal(self) -> asyncio.Event:
         """The event the next ready-changing apply sets. Take it *before* looking for

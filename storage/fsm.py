@@ -17,7 +17,8 @@ from typing import Any, Callable, Protocol
 
 import lmdb
 
-from schedulerd.storage import audit, backfill, claims, jobs, leases, ops, overlap, records, retention, run_cancel
+from schedulerd.storage import (audit, backfill, claims, jobs, leases, ops, overlap, queue_limits, records, retention,
+                                run_cancel)
 from schedulerd.storage.ops import Op
 from schedulerd.storage.tables import Tables, last_applied, set_last_applied
 
@@ -70,10 +71,15 @@ def apply(store: Target, index: int, blob: bytes) -> tuple[Op | None, dict[str, 
         if index <= last_applied(txn, store.tables):
             return None, ALREADY_APPLIED
         ctx = records.Ctx(txn, store.tables, store.group, index, version)
+        ctx.counting = queue_limits.counting(txn, store.tables)
+        if not ctx.counting and version >= ops.QUEUE_LIMITS_SINCE:
+            queue_limits.start_counting(txn, store.tables)
+            ctx.counting = True
         result = HANDLERS[op](ctx, payload)
         if ctx.freed:
             overlap.release_freed(ctx, payload.get("now", 0))
         records.flush(ctx)
+        queue_limits.add_running(txn, store.tables, ctx.running_delta)
         audit.record_command(ctx, op, payload, result)
         set_last_applied(txn, store.tables, index)
         return op, result

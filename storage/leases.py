@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from schedulerd.storage import jobs, ops, queries, records, retry
+from schedulerd.storage import jobs, ops, queries, queue_limits, records, retry
 from schedulerd.storage.model import (PENDING_RUN_STATES, NACKED_STATES, RUN_RUNNING, RUN_SUCCEEDED, JobState, Reason,
                            RunEvent, RunState, run_transition)
 from schedulerd.storage.records import Ctx, Record
@@ -29,21 +29,39 @@ def lease_ready(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     propose for its pollers without knowing which runs other nodes' entries took,
     so no entry names runs that are gone by the time it applies. The grants are run
     records: the proposing node adds each job's payload from its own replica
-    (`lease_queue`), so no replica reads the job record in apply."""
+    (`lease_queue`), so no replica reads the job record in apply.
+
+    From version 21 no run of a queue is granted past its limits (storage/queue_limits.py):
+    a run of a queue at its limit stays ready, for a later entry."""
     now, lease_until = cmd["now"], cmd["lease_until"]
     oldest_first = ctx.index % FAIR_EVERY == 0
+    budget = queue_limits.Budget(ctx.txn, ctx.tables, cmd.get("limits") or {}, ctx.running_delta, now) \
+        if ctx.version >= ops.QUEUE_LIMITS_SINCE else None
     grants = []
     skipped = 0
     for worker_id, queues, want in cmd["grants"]:
         tasks: list[Record] = []
         while len(tasks) < want:
-            found = queries.ready(ctx.txn, ctx.tables, queues, now, want - len(tasks), oldest_first)
+            open_queues = queues if budget is None else budget.open(queues)
+            found = queries.ready(ctx.txn, ctx.tables, open_queues, now, want - len(tasks), oldest_first) \
+                if open_queues else []
             if not found:
                 break
-            # Each run found leaves the ready index, leased or skipped: the next read goes on.
-            skipped += _grant_each(ctx, (records.get_run(ctx, run_id) for _, run_id in found), worker_id, now,
-                                   lease_until, tasks)
+            # Each run found leaves the ready index, leased or skipped, or its queue reaches its
+            # limit and leaves open_queues: the next read goes on.
+            for queue, run_id in found:
+                if budget is not None and not budget.has_room(queue):
+                    continue
+                task = _grant(ctx, records.get_run(ctx, run_id), worker_id, now, lease_until)
+                if task is None:
+                    skipped += 1
+                    continue
+                tasks.append(task)
+                if budget is not None:
+                    budget.took(queue)
         grants.append([worker_id, tasks])
+    if budget is not None:
+        budget.save()
     return {"grants": grants, "skipped": skipped, "now": now}
 
 

@@ -11,7 +11,8 @@ it out in the group's own Raft log, and `end_change` records how it ended; only 
 that ended well moves the group's members and the epoch.
 
 It also holds the named holiday calendars (storage/calendars.py), which the data groups'
-leaders copy into the claim entries of the jobs that name one."""
+leaders copy into the claim entries of the jobs that name one, and the queues' limits
+(storage/queue_limits.py), which the nodes copy into their lease entries."""
 from __future__ import annotations
 
 import copy
@@ -34,7 +35,7 @@ META_REPLICAS = (3, 5)
 
 def empty() -> dict[str, Any]:
     return {"cluster": None, "epoch": 0, "nodes": {}, "placement": {}, "changes": {},
-            "moves": {"done": 0, "failed": 0}, "calendars": {}}
+            "moves": {"done": 0, "failed": 0}, "calendars": {}, "queue_limits": {}, "queue_limits_revision": 0}
 
 
 def apply(state: dict[str, Any], command: dict[str, Any]) -> dict[str, Any]:
@@ -196,9 +197,31 @@ def _calendar_delete(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]
     return {"ok": True}
 
 
+def _queue_limits_set(state: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    """Set or lift a queue's limits (validated by the API). Each write takes the next revision,
+    by which the data groups tell newer limits from older; lifted limits stay as a revision with
+    none, so a lease entry still carrying the older ones cannot bring them back."""
+    limits = state["queue_limits"]
+    queue = c["queue"]
+    lifted = c["max_running"] is None and c["max_starts_per_s"] is None
+    in_use = sum(1 for q, limit in limits.items() if q != queue and limited(limit))
+    if not lifted and in_use >= c["queue_limits_max"]:
+        return _refused(f"{in_use} queues have limits, the most queue_limits_max allows")
+    state["queue_limits_revision"] += 1
+    limits[queue] = {"max_running": c["max_running"], "max_starts_per_s": c["max_starts_per_s"],
+                     "revision": state["queue_limits_revision"], "updated_us": c["now"]}
+    return {"ok": True, "revision": state["queue_limits_revision"]}
+
+
+def limited(limit: dict[str, Any]) -> bool:
+    """Whether a queue's stored limits limit anything (a lifted one stays, with none)."""
+    return limit["max_running"] is not None or limit["max_starts_per_s"] is not None
+
+
 _HANDLERS = {"bootstrap": _bootstrap, "register": _register, "set_state": _set_state,
              "begin_change": _begin_change, "end_change": _end_change,
-             "calendar_set": _calendar_set, "calendar_delete": _calendar_delete}
+             "calendar_set": _calendar_set, "calendar_delete": _calendar_delete,
+             "queue_limits_set": _queue_limits_set}
 
 
 def data_placement(state: dict[str, Any]) -> dict[int, tuple[str, ...]]:

@@ -14,8 +14,8 @@ from schedulerd.storage import codec
 # an entry is applied by change: an entry keeps the rules of the version it was written
 # at (a replica replaying it after an upgrade ends where the others did), and an older
 # build stops on a newer entry (CorruptEntry) instead of letting its replica diverge.
-VERSION = 20
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
+VERSION = 21
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21})
 # The oldest version this build writes. A node writes the newest version every voter
 # reads (raft/entry_versions.py), and this one while it does not know what they read.
 # Builds from before this gate do not say what they read: one that reads 6 upgrades
@@ -113,6 +113,11 @@ CALENDAR_SINCE = 19
 # out of the stores of a build that would not deliver them, so every replica's tasks agree.
 # Before every voter reads 20, the API creates the job without them rather than refusing it.
 TRACE_SINCE = 20
+# Since 21 (storage/queue_limits.py): a group counts its running runs per queue, from its first
+# entry of this version on; a LEASE_READY entry may carry queue limits (`limits`: the group's
+# shares of max_running and max_starts_per_s, with their revision), and apply grants no run of a
+# queue past the newest limits the group has seen. An older build would grant past them.
+QUEUE_LIMITS_SINCE = 21
 
 
 class Op(IntEnum):

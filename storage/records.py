@@ -45,6 +45,10 @@ class Ctx:
     # Jobs that have buffered runs and whose last open run closed in this entry: the
     # entry releases the next buffered one at its end (storage/overlap.py).
     freed: set[str] = field(default_factory=set)
+    # Whether the group counts its running runs per queue (storage/queue_limits.py), and this
+    # entry's changes to those counts, written at its end.
+    counting: bool = False
+    running_delta: dict[str, int] = field(default_factory=dict)
     run_id_prefix: str = field(init=False)
     # How this entry stores job and run records: in their layouts from version 10 on.
     pack_job: Callable[[Record], bytes] = field(init=False)
@@ -245,6 +249,8 @@ def update_run(ctx: Ctx, before: Record, after: Record) -> None:
     _index_run(ctx, after)
     if before["state"] != after["state"] or "buffered" in before:
         _bump(ctx, after["job_id"], before, after)
+        if ctx.counting and (before["state"] == RUN_RUNNING) != (after["state"] == RUN_RUNNING):
+            _count_running(ctx, after["queue"], 1 if after["state"] == RUN_RUNNING else -1)
 
 
 def delete_run(ctx: Ctx, run: Record) -> None:
@@ -252,6 +258,12 @@ def delete_run(ctx: Ctx, run: Record) -> None:
     ctx.txn.delete(keys.run_key(run["run_id"]), b"", ctx.tables.runs)
     ctx.txn.delete(keys.occurrence_key(run["job_id"], run["scheduled_us"]), b"", ctx.tables.occurrences)
     _bump(ctx, run["job_id"], run, None)
+    if ctx.counting and run["state"] == RUN_RUNNING:
+        _count_running(ctx, run["queue"], -1)
+
+
+def _count_running(ctx: Ctx, queue: str, delta: int) -> None:
+    ctx.running_delta[queue] = ctx.running_delta.get(queue, 0) + delta
 
 
 PRUNE_SCAN_MAX = 32  # occurrences looked at per prune, so one apply stays bounded

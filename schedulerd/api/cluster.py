@@ -1,5 +1,5 @@
-"""The handlers of the node's own routes: cluster status and digest, queues, the audit
-log, health and readiness, metrics and the OpenAPI document (the table is api/routes.py)."""
+"""The handlers of the node's own routes: cluster status and digest, the audit log, health
+and readiness, metrics and the OpenAPI document (the table is api/routes.py)."""
 from __future__ import annotations
 
 import re
@@ -7,15 +7,14 @@ from typing import Any
 
 from aiohttp import web
 
-from schedulerd import auth, namespaces, queue_history, topology, views
-from schedulerd.api import forward, inputs, jobs
+from schedulerd import topology, views
+from schedulerd.api import inputs
 from schedulerd.api.keys import LEASES, METRICS, NODE, SPEC
 from schedulerd.errors import InvalidRequest, Unavailable
 from schedulerd.storage import queries
 from schedulerd.storage.queries import state_digest
 from schedulerd.storage.tables import last_applied
 from schedulerd.timefmt import to_iso
-from schedulerd.units import US_PER_S
 
 # An audit record's key in hex, as next_cursor gives it.
 _AUDIT_CURSOR = re.compile(r"(?:[0-9a-f]{2})*")
@@ -36,69 +35,6 @@ async def cluster(request: web.Request) -> web.Response:
         body.update(node.topology.status({g["group"]: g["leader"] for g in groups}))
         body["data_groups"] = topology.data_groups(node.topology.meta.view(), groups, node.config.raft.groups)
     return views.respond(body)
-
-
-async def queues(request: web.Request) -> web.Response:
-    """Per queue: runs leasable now, runs queued for later, the oldest ready run's wait and runs
-    leased now, over every group (the nodes holding the groups this one lacks are asked for theirs)."""
-    node = request.app[NODE]
-    inputs.check_query(request, frozenset({"groups"}))
-    now = node.now_us()
-    local, elsewhere = jobs.listed_groups(request, node)
-    stats: dict[str, list[int]] = {}
-    running: dict[str, int] = {}
-    cut = False
-    for group in local:
-        with node.read(group) as (txn, tables):
-            cut |= queries.queue_stats(txn, tables, now, node.config.limits.metrics_scan_max, stats)
-            cut |= queries.running_by_queue(txn, tables, node.config.limits.metrics_scan_max, running)
-    for answer in await forward.gather(request, elsewhere) if elsewhere else []:
-        cut |= answer["truncated"]
-        for stored, (ready, later, oldest) in answer["stats"].items():
-            entry = stats.setdefault(stored, [0, 0, now])
-            entry[0], entry[1], entry[2] = entry[0] + ready, entry[1] + later, min(entry[2], oldest)
-        for stored, count in answer.get("running", {}).items():  # a node of an older build sends none
-            running[stored] = running.get(stored, 0) + count
-    if "groups" in request.query:  # for the node that asked: by stored name, with the oldest as a time
-        return views.respond({"stats": stats, "running": running, "truncated": cut,
-                              "groups_answered": [g.group_id for g in local]})
-    principal = request.get(auth.PRINCIPAL)
-    shown = []
-    for stored in sorted(stats.keys() | running.keys()):
-        namespace, queue = namespaces.split(stored)
-        if isinstance(principal, auth.Principal) and not principal.may_use(namespace):
-            continue
-        ready, later, oldest = stats.get(stored, (0, 0, now))
-        shown.append({"queue": queue, "namespace": namespace, "ready": ready, "waiting": later,
-                      "oldest_ready_age_s": (now - oldest) / US_PER_S, "running": running.get(stored, 0)})
-    return views.respond({"queues": shown, "truncated": cut})
-
-
-async def queues_history(request: web.Request) -> web.Response:
-    """Per queue, the last 15 minutes in 10-second slots: dispatches per second and the
-    lateness p50/p99 of first leases, over every group (holders of the groups this node
-    lacks are asked for theirs), for the dashboard's charts."""
-    node = request.app[NODE]
-    inputs.check_query(request, frozenset({"groups"}))
-    now = node.now_us()
-    local, elsewhere = jobs.listed_groups(request, node)
-    history = request.app[METRICS].history
-    merged = history.of_groups([g.group_id for g in local], now)
-    if "groups" in request.query:  # for the node that asked
-        return views.respond({"history": {q: {str(s): c for s, c in slots.items()} for q, slots in merged.items()},
-                              "groups_answered": [g.group_id for g in local]})
-    for answer in await forward.gather(request, elsewhere) if elsewhere else []:
-        for stored, slots in answer["history"].items():
-            queue_history.merge(merged.setdefault(stored, {}), {int(s): c for s, c in slots.items()})
-    principal = request.get(auth.PRINCIPAL)
-    shown = []
-    for stored, slots in sorted(merged.items()):
-        namespace, queue = namespaces.split(stored)
-        if isinstance(principal, auth.Principal) and not principal.may_use(namespace):
-            continue
-        shown.append({"queue": queue, "namespace": namespace,
-                      "points": queue_history.points(slots, history.bounds_s, now)})
-    return views.respond({"slot_s": queue_history.SLOT_S, "queues": shown})
 
 
 async def audit_log(request: web.Request) -> web.Response:

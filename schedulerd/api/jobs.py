@@ -36,7 +36,7 @@ def creates_coalescer(node: Node) -> Coalescer:
     would (claims.claim_created)."""
     cfg, limits = node.config, node.config.limits
     return Coalescer(node.propose, Op.CREATE_JOBS, "jobs", "results", limits.create_entry_bytes_max,
-                     extra=lambda: {"now": node.now_us(), "claim_ahead_us": int(cfg.lookahead_s * US_PER_S),
+                     extra=lambda group, items: {"now": node.now_us(), "claim_ahead_us": int(cfg.lookahead_s * US_PER_S),
                                     "grace_us": int(cfg.misfire_grace_s * US_PER_S),
                                     "finished_ttl_us": int(cfg.finished_ttl_s * US_PER_S)},
                      weight=lambda spec: len(spec.get("payload_json", "")) + SPEC_BYTES_ESTIMATE)

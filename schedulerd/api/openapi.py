@@ -14,7 +14,9 @@ from schedulerd.api.openapi_schemas import (BACKFILL_ANSWER, BACKFILL_REQUEST, D
                                         LEASE_ITEM, NAMESPACE, OCCURRENCE, OCCURRENCE_TIME, QUEUE, RUN, RUN_ID, STR,
                                         TASK, TIME, TIMEZONE, WORKER_ID, Schema, batch, cron, job_create, job_patch,
                                         nullable, obj, page)
-from schedulerd.api.openapi_schemas import CALENDAR, CALENDAR_NAME, CALENDAR_PUT
+from schedulerd.api.openapi_schemas import (CALENDAR, CALENDAR_NAME, CALENDAR_PUT, QUEUE_STATS, QUEUE_VIEW,
+                                            queue_limits_put)
+from schedulerd.storage import queue_limits
 from schedulerd.storage.model import JobState, RunState
 
 # Answers that are not JSON, by route.
@@ -58,6 +60,7 @@ RUNS_CURSOR = _cursor("^[0-9]{1,19}$")
 DEAD_LETTER_CURSOR = _cursor("^[0-9]{1,19}:" + RUN_ID["pattern"][1:])
 AUDIT_CURSOR = _cursor("^([0-9a-f]{2})*$")
 QUEUE_FILTER = _param("queue", "query", QUEUE)
+QUEUE_PARAM = _param("name", "path", QUEUE)
 CALENDAR_PARAM = _param("name", "path", CALENDAR_NAME)
 
 
@@ -230,11 +233,9 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
         "/v1/queues": {
             "get": {"summary": "Per queue: ready now, queued for later, the oldest ready run's wait, running now",
                     "tags": ["operations"],
-                    "responses": _ok("Queues.", obj(queues={"type": "array", "items": obj(
-                        queue=STR, namespace=STR, ready=INT, waiting=INT, oldest_ready_age_s={"type": "number"},
-                        running=INT)},
-                        truncated={"type": "boolean"}))}},
-        "/v1/queues/history": {
+                    "responses": _ok("Queues (and every queue with limits).", obj(
+                        queues={"type": "array", "items": obj(**QUEUE_STATS)}, truncated={"type": "boolean"}))}},
+        "/v1/queues:history": {
             "get": {"summary": "Per queue, the last 15 minutes in 10-second slots: dispatches per second and the "
                                "lateness p50/p99 of first leases (the dashboard's charts)",
                     "tags": ["operations"],
@@ -243,6 +244,16 @@ def operations(limits: Limits) -> dict[str, dict[str, Any]]:
                             time=INT, dispatched_per_s={"type": "number"},
                             lateness_p50_s={"type": ["number", "null"]},
                             lateness_p99_s={"type": ["number", "null"]})})}))}},
+        "/v1/queues/{name}": {
+            "get": {"summary": "One queue: its limits, each group's share of them, and what waits and runs",
+                    "tags": ["operations"], "parameters": [QUEUE_PARAM], "responses": _ok("The queue.", QUEUE_VIEW)},
+            "put": {"summary": "Set a queue's limits, cluster-wide: max_running and max_starts_per_s (a field left out "
+                               f"or null lifts it; at most queue_limits_max, {limits.queue_limits_max}, queues have "
+                               "limits). Each group enforces its share from its next lease",
+                    "tags": ["operations"], "parameters": [QUEUE_PARAM],
+                    "requestBody": _body(queue_limits_put(limits.queue_running_max, queue_limits.STARTS_PER_S_MIN,
+                                                          limits.queue_starts_per_s_max)),
+                    "responses": _ok("The queue, with its limits as stored.", QUEUE_VIEW)}},
         "/v1/calendars": {
             "get": {"summary": f"Every holiday calendar, by name (at most calendars_max, {limits.calendars_max})",
                     "tags": ["calendars"],
@@ -286,7 +297,7 @@ def document(version: str, limits: Limits, tokens: bool) -> dict[str, Any]:
     namespace = _param("X-Namespace", "header", NAMESPACE, "Namespace of the jobs, runs and queues the call is about.")
     for path, ops in paths.items():
         for method, op in ops.items():
-            if path.startswith(("/v1/jobs", "/v1/runs", "/v1/tasks", "/v1/dead-letter")):
+            if path.startswith(("/v1/jobs", "/v1/runs", "/v1/tasks", "/v1/dead-letter", "/v1/queues/{")):
                 op["parameters"] = [*op.get("parameters", []), namespace]
             if path in _TEXT_ANSWERS:
                 op["responses"]["200"]["content"] = {_TEXT_ANSWERS[path]: {"schema": STR}}

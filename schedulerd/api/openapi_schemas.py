@@ -70,6 +70,30 @@ CALENDAR: Schema = {"type": "object", "required": ["name", "timezone", "dates"],
     "used_by": {"type": "array", "items": {"type": "string"},
                 "description": "Some jobs that name it (GET of one calendar; of the namespaces the caller may use)"}}}
 
+QUEUE_STATS: dict[str, Schema] = {
+    "queue": QUEUE, "namespace": NAMESPACE, "ready": INT, "waiting": INT, "oldest_ready_age_s": {"type": "number"},
+    "running": INT,
+    "max_running": {"type": ["integer", "null"], "description": "At most this many runs of the queue leased at once, "
+                                                                "cluster-wide (null: no limit)"},
+    "max_starts_per_s": {"type": ["number", "null"], "description": "At most this many leases of the queue granted "
+                                                                    "per second, cluster-wide (null: no limit)"}}
+QUEUE_VIEW: Schema = {"type": "object", "required": ["queue", "namespace", "max_running", "max_starts_per_s"],
+                      "properties": {
+    **QUEUE_STATS, "updated_at": {"type": ["string", "null"], "format": "date-time"}, "groups": INT,
+    "max_running_per_group": {"type": ["array", "null"], "items": INT,
+                              "description": "Each group's share of max_running, by group number"},
+    "max_starts_per_s_per_group": {"type": ["number", "null"], "description": "Each group's share of max_starts_per_s"},
+    "truncated": {"type": "boolean"}}}
+
+
+def queue_limits_put(running_max: int, starts_per_s_min: float, starts_per_s_max: float) -> Schema:
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "max_running": {"type": ["integer", "null"], "minimum": 1, "maximum": running_max,
+                        "description": "At least the cluster's number of groups; null or left out: no limit"},
+        "max_starts_per_s": {"type": ["number", "null"], "minimum": starts_per_s_min, "maximum": starts_per_s_max,
+                             "description": "A token bucket holding a second's worth; null or left out: no limit"}}}
+
+
 TARGET: Schema = {
     "type": ["object", "null"], "description": "Run by the built-in executor (schedctl worker http).",
     "required": ["kind", "url"], "additionalProperties": False, "properties": {

@@ -7,7 +7,8 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from schedulerd.api import backfill, bulk, calendars, cluster, dashboard, jobs, nodes, occurrences, preview, tasks
+from schedulerd.api import (backfill, bulk, calendars, cluster, dashboard, jobs, nodes, occurrences, preview, queues,
+                            tasks)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -46,8 +47,10 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/v1/cluster/nodes", nodes.register),
     ("GET", "/v1/cluster/nodes/{node_id}", nodes.standing),
     ("DELETE", "/v1/cluster/nodes/{node_id}", nodes.remove),
-    ("GET", "/v1/queues", cluster.queues),
-    ("GET", "/v1/queues/history", cluster.queues_history),
+    ("GET", "/v1/queues", queues.list_queues),
+    ("GET", "/v1/queues:history", queues.history),
+    ("GET", "/v1/queues/{name}", queues.get),
+    ("PUT", "/v1/queues/{name}", queues.put),
     ("GET", "/v1/calendars", calendars.list_calendars),
     ("GET", "/v1/calendars/{name}", calendars.get),
     ("PUT", "/v1/calendars/{name}", calendars.put),

@@ -188,7 +188,7 @@ class TaskCommits:
     """Acks and heartbeats of all workers on this node, coalesced into Raft entries."""
 
     def __init__(self, node: Node) -> None:
-        def lease_extension() -> dict[str, Any]:
+        def lease_extension(group: Group, items: list[Any]) -> dict[str, Any]:
             now = node.now_us()
             return {"now": now, "lease_until": now + int(node.config.lease_s * US_PER_S)}
 

@@ -395,8 +395,21 @@ class Client:
         return self._request("GET", "/v1/audit", query={"limit": limit, "cursor": cursor})
 
     def queues(self) -> dict[str, Any]:
-        """Per queue: ready now, waiting for later, the oldest ready run's age (`GET /v1/queues`)."""
+        """Per queue: ready now, waiting for later, the oldest ready run's age, running now and
+        its limits (`GET /v1/queues`)."""
         return self._request("GET", "/v1/queues")
+
+    def get_queue(self, queue: str) -> dict[str, Any]:
+        """One queue of the client's namespace: its limits, each group's share of them, and what
+        waits and runs (`GET /v1/queues/{name}`)."""
+        return self._request("GET", f"/v1/queues/{_part(queue)}")
+
+    def set_queue_limits(self, queue: str, max_running: int | None = None,
+                         max_starts_per_s: float | None = None) -> dict[str, Any]:
+        """Set a queue's limits, cluster-wide; None lifts that limit (`PUT /v1/queues/{name}`).
+        Returns the queue as `get_queue` does."""
+        return self._request("PUT", f"/v1/queues/{_part(queue)}",
+                             {"max_running": max_running, "max_starts_per_s": max_starts_per_s})
 
     def set_calendar(self, name: str, dates: Sequence[Any], timezone: str = "UTC") -> dict[str, Any]:
         """Create or replace a holiday calendar: `dates` holds "YYYY-MM-DD" days and

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from schedulerd.sdk.worker import Task, Worker
-from tests.integration.harness import running, wait_until
+from tests.integration.harness import http, running, wait_until
 from tests.integration.webdriver import Browser, find_browser
 
 pytestmark = pytest.mark.integration
@@ -46,6 +46,9 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
     assert leader.post("/v1/jobs", {"job_id": "hourly-sync", "schedule": {"cron": "0 * * * *",
                                                                           "timezone": "Europe/Berlin"}})[0] == 201
 
+    # A limit on the ui queue, which the queue table shows (refused until every voter is known to read it).
+    wait_until(lambda: http("PUT", f"{leader.url}/v1/queues/ui", {"max_running": 5, "max_starts_per_s": 20})[0] == 200,
+               15, "the ui queue's limits set")
     card_declined = threading.Event()
     card_declined.set()
     worker = Worker(cluster.urls, concurrency=2, wait_s=1)
@@ -81,6 +84,8 @@ def test_dashboard_shows_jobs_runs_and_redrives_a_dead_letter(make_cluster, brow
         assert browser.run_js("return document.querySelector('#queue-charts [data-chart=\"ui\"] "
                               "polyline.p99').getAttribute('points')"), "a p99 line with points"
         assert "running" in browser.run_js("return document.getElementById('queues').textContent")
+        assert browser.run_js("return document.querySelector('#queues tr[data-queue=\"ui\"] td.limits')"
+                              ".textContent") == "≤ 5 running · ≤ 20/s"
 
         browser.click('#jobs tr[data-job-id="nightly-report"]')
         wait_until(lambda: browser.run_js(

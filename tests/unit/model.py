@@ -105,6 +105,9 @@ class Model:
         self.entry_version = ops.VERSION  # of the entry being applied: older ones keep older rules
         self.ids = Ids(0)  # of the entry a failed attempt's pause_on_failure makes its skipped runs in
         self.calendars: Rec = {}  # those the claim entry being applied carries (a create's carries none)
+        # From version 21, per queue, the newest limits the group has seen and its bucket:
+        # [revision, max_running, micro-tokens per second, micro-tokens, refilled at].
+        self.queue_limits: dict[str, list[Any]] = {}
 
     # -- reads -------------------------------------------------------------------------
 
@@ -624,24 +627,34 @@ class Model:
     def lease_ready(self, index: int, cmd: Rec) -> tuple[Any, bool]:
         """LEASE_READY: each worker in turn takes up to its count of ready runs of its queues:
         highest priority first, then queue order, earliest available, id; every
-        FAIR_EVERY-th entry earliest available first whatever the priority."""
+        FAIR_EVERY-th entry earliest available first whatever the priority. From version 21
+        a run of a queue at its limits is passed over (it stays ready)."""
         now, grants, skipped = cmd["now"], [], 0
+        limits = _EntryLimits(self, cmd.get("limits") or {}, now) if self.entry_version >= 21 else None
         for worker, queues, want in cmd["grants"]:
             def order(r: Rec) -> tuple[Any, ...]:
                 if index % FAIR_EVERY == 0:
                     return r["available_us"], r["queue"], r["run_id"].encode()
                 return -r["priority"], queues.index(r["queue"]), r["available_us"], r["run_id"].encode()
             ready = sorted((r for r in self.runs.values() if self._leasable(r, now) and r["queue"] in queues), key=order)
+            if limits is not None and want > 0:
+                for queue in queues:
+                    limits.load(queue)
             got = []
             for run in ready:
                 if len(got) == want:
                     break
+                if limits is not None and not limits.room(run["queue"]):
+                    continue
                 if self._grant(run, worker, index, now, cmd["lease_until"]):
                     got.append(run["run_id"])
+                    if limits is not None:
+                        limits.spend(run["queue"])
                 else:
                     skipped += 1
             grants.append((worker, got))
-        return (grants, skipped), skipped == 0 and not any(got for _, got in grants)
+        changed = limits is not None and limits.stored_changed
+        return (grants, skipped), skipped == 0 and not any(got for _, got in grants) and not changed
 
     @staticmethod
     def _grant(run: Rec, worker: str, index: int, now: int, until: int) -> bool:
@@ -783,3 +796,49 @@ class Model:
                 learned = self.catchup_offset_us.setdefault(job_id, offset)
                 assert offset == learned, f"{run_id}: catch-up offset {offset}, earlier {learned} (not deterministic)"
             run["available_us"] = real
+
+
+TOKEN = 1_000_000
+
+
+class _EntryLimits:
+    """The queue limits one LEASE_READY entry grants by: the group's, or the entry's when newer;
+    a bucket refilled by the entry's clock, holding a second's worth and at least one start."""
+
+    def __init__(self, model: Model, carried: Rec, now: int) -> None:
+        self.model, self.carried, self.now = model, carried, now
+        self.stored_changed = False
+
+    @staticmethod
+    def _refilled(limit: list[Any], now: int) -> list[Any]:
+        revision, max_running, rate, tokens, at = limit
+        if rate is not None and now > at:
+            tokens, at = min(max(TOKEN, rate), tokens + (now - at) * rate // 1_000_000), now
+        return [revision, max_running, rate, tokens, at]
+
+    def load(self, queue: str) -> None:
+        stored, entry = self.model.queue_limits.get(queue), self.carried.get(queue)
+        if entry is not None and (stored is None or entry[0] > stored[0]):
+            revision, max_running, rate = entry
+            if stored is not None and stored[2] is not None and rate is not None:
+                old = self._refilled(stored, self.now)
+                tokens, at = min(old[3], max(TOKEN, rate)), max(old[4], self.now)
+            else:
+                tokens, at = (0 if rate is None else max(TOKEN, rate)), self.now
+            self.model.queue_limits[queue] = [revision, max_running, rate, tokens, at]
+            self.stored_changed = True
+
+    def room(self, queue: str) -> bool:
+        limit = self.model.queue_limits.get(queue)
+        if limit is None:
+            return True
+        _, max_running, rate, tokens, _ = self._refilled(limit, self.now)
+        running = sum(r["state"] == "running" and r["queue"] == queue for r in self.model.runs.values())
+        return (rate is None or tokens >= TOKEN) and (max_running is None or running < max_running)
+
+    def spend(self, queue: str) -> None:
+        limit = self.model.queue_limits.get(queue)
+        if limit is not None and limit[2] is not None:
+            refilled = self._refilled(limit, self.now)
+            refilled[3] -= TOKEN
+            self.model.queue_limits[queue] = refilled

@@ -68,7 +68,7 @@ def test_extra_fields_are_computed_per_entry() -> None:
         return {"results": payload["acks"]}
 
     stamps = iter(range(100))
-    co = Coalescer(propose, Op.ACK, "acks", "results", 100, extra=lambda: {"stamp": next(stamps)})
+    co = Coalescer(propose, Op.ACK, "acks", "results", 100, extra=lambda group, items: {"stamp": next(stamps)})
 
     async def main():
         await co.submit(GROUP, [1])

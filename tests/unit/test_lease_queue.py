@@ -1,5 +1,6 @@
 """schedulerd/lease_queue.py: which polls ask to lease a ready run, and when. A poll
-on a follower leaves a newly ready run to the leader's polls for FOLLOWER_DEFER_US."""
+on a follower leaves a newly ready run to the leader's polls for FOLLOWER_DEFER_US; a poll
+asks nothing of a queue at its limit, and carries the limits in its entry."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ from schedulerd.config import NodeConfig
 from schedulerd.errors import Unavailable
 from schedulerd.lease_queue import FOLLOWER_DEFER_US, LeaseQueue
 from schedulerd.raft.conf import RaftConfig
+from schedulerd.storage import ops, queue_limits
 from schedulerd.storage.ops import Op
 from tests.unit.fsm_driver import S, T0, Driver
 
@@ -27,6 +29,14 @@ class FakeClocks:
         return self.now_us
 
 
+class FakeVersions:
+    def __init__(self) -> None:
+        self.version = ops.VERSION
+
+    def writes(self) -> int:
+        return self.version
+
+
 class FakeGroup:
     group_id = 0
 
@@ -34,6 +44,7 @@ class FakeGroup:
         self.store = driver.store
         self.clocks = FakeClocks()
         self.leader = leader
+        self.versions = FakeVersions()
 
     def is_leader(self) -> bool:
         return self.leader
@@ -47,6 +58,10 @@ class FakeNode:
         self.groups = [group]
         self.leaving: frozenset[int] = frozenset()
         self.proposed: list[dict[str, Any]] = []
+        self.limits: dict[str, Any] = {}  # the metadata's queue limits
+
+    def queue_limits(self) -> dict[str, Any]:
+        return self.limits
 
     def now_us(self) -> int:
         return self.groups[0].clocks.now_us
@@ -138,3 +153,38 @@ def test_runs_granted_by_one_group_are_delivered_when_another_group_fails(ready_
     node.groups = [failing]
     with pytest.raises(Unavailable, match="no leader"):
         asyncio.run(LeaseQueue(node)._lease_once("w1", ["q"], 10))  # type: ignore[arg-type]
+
+
+def _limit(max_running: int | None, max_starts_per_s: float | None, revision: int = 1) -> dict[str, Any]:
+    return {"max_running": max_running, "max_starts_per_s": max_starts_per_s, "revision": revision, "updated_us": T0}
+
+
+def test_a_lease_entry_carries_the_limits_of_the_queues_its_polls_name(ready_run: Driver) -> None:
+    group = FakeGroup(ready_run, leader=True)
+    node = FakeNode(group)
+    node.limits = {"q": _limit(4, 2.0), "unasked": _limit(1, None)}
+    asyncio.run(LeaseQueue(node)._lease_once("w1", ["q"], 10))  # type: ignore[arg-type]
+    assert node.proposed[0]["limits"] == {"q": [1, 4, 2 * queue_limits.TOKEN]}  # one group: the whole limit
+
+    group.versions.version = ops.QUEUE_LIMITS_SINCE - 1  # a voter of an older build: it would not heed them
+    asyncio.run(LeaseQueue(node)._lease_once("w1", ["q"], 10))  # type: ignore[arg-type]
+    assert "limits" not in node.proposed[1]
+
+
+def test_a_queue_at_its_limit_is_not_asked_for_and_its_poll_waits_for_the_next_token(ready_run: Driver) -> None:
+    """Asking would commit entries that lease nothing, as fast as they commit."""
+    for job_id in ("j2", "j3"):
+        ready_run.create(job_id, {"kind": "at", "at_us": T0}, now=T0 - 5 * S)
+    ready_run.claim_due(T0)
+    leased = ready_run.apply(Op.LEASE_READY, now=T0, lease_until=T0 + 30 * S, grants=[["w", ["q"], 3]],
+                             limits={"q": [1, None, 2 * queue_limits.TOKEN]})  # a 2-token bucket, both spent
+    assert len(leased["grants"][0][1]) == 2 and ready_run.ready(T0)
+    group = FakeGroup(ready_run, leader=True)
+    node = FakeNode(group)
+    node.limits = {"q": _limit(None, 2.0)}
+    asyncio.run(LeaseQueue(node)._lease_once("w1", ["q"], 10))  # type: ignore[arg-type]
+    assert node.proposed == []
+    assert LeaseQueue(node)._until_next_ready(["q"]) == pytest.approx(0.501)  # type: ignore[arg-type]
+    group.clocks.now_us = T0 + S // 2
+    asyncio.run(LeaseQueue(node)._lease_once("w1", ["q"], 10))  # type: ignore[arg-type]
+    assert len(node.proposed) == 1

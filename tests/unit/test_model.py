@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
-from schedulerd.storage import keys, ops, queries, records, retention
+from schedulerd.storage import keys, ops, queries, queue_limits, records, retention
 from schedulerd.storage.codec import unpack
 from schedulerd.storage.jobs import SPEC_DEFAULTS
 from schedulerd.storage.layouts import JOBS, RUNS
@@ -126,6 +126,15 @@ CHANGES = st.fixed_dictionaries({}, optional={
     **{k: OPTIONS[k] for k in ("priority", "max_attempts", "starting_deadline_us", "timeout_us",
                                "overlap_policy", "misfire_policy", "history_limit", "catchup_limit")},
     "max_runs": st.sampled_from([None, 1, 2, 4]), "skip_calendar": st.sampled_from([None, "hol"])})
+# A lease entry's queue limits: [revision (older ones are ignored), max_running share, micro-tokens/s].
+CARRIED_LIMITS = st.dictionaries(
+    st.sampled_from(["q", "other"]),
+    st.tuples(st.integers(1, 4), st.one_of(st.none(), st.integers(0, 2)),
+              st.one_of(st.none(), st.sampled_from([queue_limits.TOKEN // 4, queue_limits.TOKEN, 2 * queue_limits.TOKEN]))),
+    min_size=1, max_size=2)
+QUEUE_LIMITS = st.one_of(st.none(), CARRIED_LIMITS)
+POLLS = st.lists(st.tuples(st.sampled_from(WORKERS), st.sampled_from([("q",), ("other", "q"), ("other",)]),
+                           st.integers(1, 4)), min_size=1, max_size=3)
 ZOMBIE_OPS = st.sampled_from([Op.ACK, Op.NACK, Op.HEARTBEAT, Op.EXPIRE_LEASES])
 # holder: the live lease's worker and fence; zombie: an earlier lease of any run, as granted;
 # wrong_fence / wrong_worker: the current run with an older fence, or another worker.
@@ -164,6 +173,7 @@ class Snapshot:
     leases: set[bytes]
     dead_letters: set[bytes]
     job_state_counts: dict[str, int]
+    running_counts: dict[str, int] | None  # per queue, as the group counts them (None: it does not)
 
 
 def scan(d: Driver) -> Snapshot:
@@ -188,17 +198,20 @@ def scan(d: Driver) -> Snapshot:
                           for job_id in jobs},
             job_state_counts=unpack(txn.get(keys.JOB_STATE_COUNTS, db=t.meta) or msgpack.packb({})),
             due={k for k, _ in items(t.due)}, ready={k for k, _ in items(t.ready)},
-            leases={k for k, _ in items(t.leases)}, dead_letters={k for k, _ in items(t.dead_letters)})
+            leases={k for k, _ in items(t.leases)}, dead_letters={k for k, _ in items(t.dead_letters)},
+            running_counts={q: queue_limits.running(txn, t, q) for q in ("q", "other")}
+            if queue_limits.counting(txn, t) else None)
 
 
 def state_digest(d: Driver) -> str:
-    """Driver.digest() without last_applied, which every entry (rejected or not) advances."""
+    """Driver.digest() without last_applied, which every entry (rejected or not) advances, and
+    without the mark a group's first entry of version 21 leaves (queue_limits.start_counting)."""
     h = hashlib.sha256()
     with d.store.read() as txn:
         for name in DB_NAMES:
             with txn.cursor(db=getattr(d.store.tables, name)) as cur:
                 for k, v in cur:
-                    if not (name == "meta" and k == LAST_APPLIED):
+                    if not (name == "meta" and k in (LAST_APPLIED, queue_limits.COUNTED)):
                         h.update(name.encode() + k + b"\x00" + v)
     return h.hexdigest()
 
@@ -260,6 +273,9 @@ def check_store(snap: Snapshot) -> None:
     assert snap.ready == {keys.ready_key(r["queue"], r["priority"], r["available_us"], r["run_id"])
                           for r in runs if r["state"] in PENDING and not r.get("buffered")}, \
         "ready index != queued/retry_wait runs not buffered"
+    if snap.running_counts is not None:
+        counted = {q: sum(r["state"] == "running" and r["queue"] == q for r in runs) for q in snap.running_counts}
+        assert snap.running_counts == counted, f"running counts {snap.running_counts} != running runs {counted}"
     assert snap.dead_letters == {keys.dead_letter_key(r["finished_us"], r["run_id"])
                                  for r in runs if r["state"] == "dead_letter"}, "dead-letter index != dead letters"
     for job_id in snap.jobs.keys() | snap.stats.keys():
@@ -540,14 +556,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.propose(Op.LEASE_BATCH, self.model.lease, now=self.now, lease_until=self.now + lease_s * S,
                      grants=grants)
 
-    @rule(polls=st.lists(st.tuples(st.sampled_from(WORKERS), st.sampled_from([("q",), ("other", "q"), ("other",)]),
-                                   st.integers(1, 4)), min_size=1, max_size=3),
-          lease_s=st.sampled_from([2, 5, 30]), dt=SMALL_STEPS)
-    def lease_ready(self, polls: list[tuple[str, tuple[str, ...], int]], lease_s: int, dt: int) -> None:
-        """Polls of one or more workers as a node coalesces them: apply picks the runs."""
+    @rule(polls=POLLS, lease_s=st.sampled_from([2, 5, 30]), dt=SMALL_STEPS, limits=QUEUE_LIMITS)
+    def lease_ready(self, polls: list[tuple[str, tuple[str, ...], int]], lease_s: int, dt: int,
+                    limits: dict[str, tuple[int, int | None, int | None]] | None) -> None:
+        """Polls of one or more workers as a node coalesces them: apply picks the runs, within
+        the queue limits the entry carries (of any revision) or the group keeps."""
         self.now += dt
+        extra = {} if limits is None else {"limits": {q: list(limit) for q, limit in limits.items()}}
         self.propose(Op.LEASE_READY, self.model.lease_ready, now=self.now, lease_until=self.now + lease_s * S,
-                     grants=[[worker, list(queues), want] for worker, queues, want in polls])
+                     grants=[[worker, list(queues), want] for worker, queues, want in polls], **extra)
+
+    @rule(polls=POLLS, limits=CARRIED_LIMITS, gaps=st.lists(st.sampled_from([0, S // 8, S // 2, 2 * S]), min_size=2,
+                                                          max_size=4))
+    def lease_within_limits(self, polls: list[tuple[str, tuple[str, ...], int]],
+                            limits: dict[str, tuple[int, int | None, int | None]], gaps: list[int]) -> None:
+        """Lease entries one after another, `gaps` apart, under queue limits: the later ones find
+        the queues at their limits, and the buckets partly refilled."""
+        for gap in gaps:
+            self.now += gap
+            self.propose(Op.LEASE_READY, self.model.lease_ready, now=self.now, lease_until=self.now + 30 * S,
+                         grants=[[worker, list(queues), want] for worker, queues, want in polls],
+                         limits={q: list(limit) for q, limit in limits.items()})
 
     def _pick_lease(self, i: int, mode: str) -> tuple[str, str, int]:
         """(run_id, worker_id, fence): the holder of a lease (live ones first), or a wrong one."""
