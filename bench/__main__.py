@@ -21,6 +21,7 @@ from typing import Any
 from bench import profile, retention, scenarios, sd_scenarios, topology
 from bench.common import WORKER_SLOTS, BenchError, uptime_line
 from bench.scenarios import Options
+from bench.sd import QueueLimits
 from bench.speed import PROBE
 
 NOT_DISK_FS = {"tmpfs", "ramfs"}
@@ -49,6 +50,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     common.add_argument("--json", help="write the raw results here")
     common.add_argument("--profile-s", type=float, default=0.0,
                         help="steady/spike/scale: py-spy the schedulerd leader for this many seconds")
+    limited = argparse.ArgumentParser(add_help=False)
+    limited.add_argument("--queue-max-running", type=int, metavar="N",
+                         help="PUT this max_running on the jobs' queue before the creates (schedulerd only)")
+    limited.add_argument("--queue-max-starts-per-s", type=float, metavar="R",
+                         help="PUT this max_starts_per_s on the jobs' queue before the creates (schedulerd only)")
     sub = p.add_subparsers(dest="scenario", required=True)
 
     s = sub.add_parser("create", parents=[common], help="jobs accepted per second")
@@ -57,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--concurrency", type=int, default=64, help="concurrent requests (batches: a eighth)")
     s.add_argument("--peer-threads", type=int, default=4, help="client threads of the peers")
 
-    s = sub.add_parser("steady", parents=[common], help="R one-off jobs/s due uniformly")
+    s = sub.add_parser("steady", parents=[common, limited], help="R one-off jobs/s due uniformly")
     s.add_argument("--rate", type=float, default=200.0, help="jobs due per second (--find-max: first rate)")
     s.add_argument("--duration", type=float, default=20.0, help="seconds of due times")
     s.add_argument("--lead-s", type=float, default=5.0, help="each job is created this long before it is due")
@@ -68,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--fresh-per-step", action="store_true",
                    help="--find-max: run each step on a new system (default: all steps on one)")
 
-    s = sub.add_parser("spike", parents=[common], help="N jobs due at the same instant")
+    s = sub.add_parser("spike", parents=[common, limited], help="N jobs due at the same instant")
     s.add_argument("--jobs", type=int, default=5000)
     s.add_argument("--drain-s", type=float, default=120.0)
 
@@ -133,16 +139,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def queue_limits(a: argparse.Namespace) -> QueueLimits | None:
+    """steady's and spike's --queue-max-*, None when neither is given. Refused with peers:
+    they have no such limit, and would run another workload than schedulerd."""
+    limits = QueueLimits(a.queue_max_running, a.queue_max_starts_per_s)
+    if limits == QueueLimits():
+        return None
+    if a.peers:
+        raise BenchError("--queue-max-running and --queue-max-starts-per-s limit schedulerd's queue only; "
+                         "run them without --peers")
+    return limits
+
+
 def run(a: argparse.Namespace, opts: Options) -> scenarios.Report:
     if a.scenario == "create":
         return scenarios.create(opts, a.count, a.batch_count, a.concurrency, a.peer_threads)
     if a.scenario == "steady" and a.find_max:
         return scenarios.find_max(opts, a.rate, a.max_rate, a.duration, a.lead_s, a.drain_s, a.bisect_steps,
-                                  a.fresh_per_step)
+                                  a.fresh_per_step, queue_limits(a))
     if a.scenario == "steady":
-        return scenarios.steady(opts, a.rate, a.duration, a.lead_s, a.drain_s)
+        return scenarios.steady(opts, a.rate, a.duration, a.lead_s, a.drain_s, queue_limits(a))
     if a.scenario == "spike":
-        return scenarios.spike(opts, a.jobs, a.drain_s)
+        return scenarios.spike(opts, a.jobs, a.drain_s, queue_limits(a))
     if a.scenario == "recurring":
         return scenarios.recurring(opts, a.jobs, a.minutes, a.drain_s)
     if a.scenario == "scale" and a.side_by_side:

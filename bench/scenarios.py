@@ -13,9 +13,10 @@ from typing import Any, Callable
 from bench import profile, series
 from bench.aps_peer import ApsSystem
 from bench.celery_peer import CelerySystem
-from bench.common import FIND_MAX_P99_S_MAX, WORKER_SLOTS, BenchError, fmt, ratio, summarize, uptime_line
+from bench.common import (FIND_MAX_P99_S_MAX, WORKER_SLOTS, BenchError, Record, fmt, ratio, summarize,
+                          uptime_line)
 from bench.plan import OneOff
-from bench.sd import SdSystem
+from bench.sd import QueueLimits, SdSystem
 from bench.speed import PROBE
 
 SD = "schedulerd"
@@ -176,11 +177,20 @@ def _start_profile(system: Any, start_at: float, duration_s: float, tag: str) ->
     return prof
 
 
-def steady(opts: Options, rate: float, duration_s: float, lead_s: float, drain_s: float) -> Report:
-    report = Report(f"steady: {rate:g} one-off jobs/s due uniformly for {duration_s:g} s", [SD, *opts.peers])
+def _titled(title: str, limits: QueueLimits | None) -> str:
+    return f"{title}; {limits}" if limits is not None else title
+
+
+def steady(opts: Options, rate: float, duration_s: float, lead_s: float, drain_s: float,
+           limits: QueueLimits | None = None) -> Report:
+    """limits: set on the jobs' queue before the first create (schedulerd only)."""
+    report = Report(_titled(f"steady: {rate:g} one-off jobs/s due uniformly for {duration_s:g} s", limits),
+                    [SD, *opts.peers])
     stats, infos = {}, {}
 
     def body(system: Any) -> None:
+        if limits is not None:
+            report.raw["queue"] = system.limit_queue(limits)
         stats[system.name], infos[system.name] = steady_once(system, rate, duration_s, lead_s, drain_s, "st",
                                                             opts.profile_s)
 
@@ -195,14 +205,16 @@ def steady(opts: Options, rate: float, duration_s: float, lead_s: float, drain_s
 
 
 def find_max(opts: Options, start_rate: float, max_rate: float, duration_s: float, lead_s: float,
-             drain_s: float, bisect_steps: int, fresh_per_step: bool = False) -> Report:
+             drain_s: float, bisect_steps: int, fresh_per_step: bool = False,
+             limits: QueueLimits | None = None) -> Report:
     """Highest rate with p99 lateness < 1 s and nothing missing: double, then bisect.
 
     Every step runs on one system (one cluster, its store holding the jobs of the steps
-    before), or with fresh_per_step each on a new one in its own run dir."""
-    report = Report(f"steady --find-max: highest rate with p99 lateness < {FIND_MAX_P99_S_MAX:g} s "
-                    f"({duration_s:g} s per step{', a fresh system each' if fresh_per_step else ''})",
-                    [SD, *opts.peers])
+    before), or with fresh_per_step each on a new one in its own run dir; limits are set on
+    each system as it comes up (schedulerd only)."""
+    report = Report(_titled(f"steady --find-max: highest rate with p99 lateness < {FIND_MAX_P99_S_MAX:g} s "
+                            f"({duration_s:g} s per step{', a fresh system each' if fresh_per_step else ''})",
+                            limits), [SD, *opts.peers])
     best: dict[str, float] = {}
     steps: dict[str, list[dict[str, Any]]] = {}
     for name in [SD, *opts.peers]:
@@ -219,6 +231,8 @@ def find_max(opts: Options, start_rate: float, max_rate: float, duration_s: floa
                 current[:] = [make_system(name, step_opts)]
                 report.raw.setdefault("uptime", []).append(f"{name} step {len(tried)} before: {uptime_line()}")
                 current[0].setup()
+                if limits is not None:
+                    report.raw["queue"] = current[0].limit_queue(limits)
             s, info = steady_once(current[0], rate, duration_s, lead_s, drain_s, f"fm{len(tried)}")
             passed = s["missing"] == 0 and s["lateness_p99_s"] < FIND_MAX_P99_S_MAX
             tried.append({"rate": rate, "passed": passed, "p50_s": s["lateness_p50_s"],
@@ -266,17 +280,22 @@ def search_max(ok: Callable[[float], bool], start_rate: float, max_rate: float, 
 
 # ---- 3. spike -------------------------------------------------------------------------
 
-def spike(opts: Options, jobs: int, drain_s: float) -> Report:
-    report = Report(f"spike: {jobs:,} one-off jobs due at the same instant", [SD, *opts.peers])
+def spike(opts: Options, jobs: int, drain_s: float, limits: QueueLimits | None = None) -> Report:
+    """limits: set on the jobs' queue before they are created (schedulerd only)."""
+    report = Report(_titled(f"spike: {jobs:,} one-off jobs due at the same instant", limits), [SD, *opts.peers])
     stats, infos = {}, {}
 
     def body(system: Any) -> None:
+        if limits is not None:
+            report.raw["queue"] = system.limit_queue(limits)
         due_in = SPIKE_MARGIN_S + jobs / SPIKE_CREATE_RATE_GUESS[system.name]
         plan = OneOff.spike("sp", due_in, jobs, time.time())
         prof = _start_profile(system, plan.t0, opts.profile_s, "spike")
         records, info = system.oneoff(plan, drain_s)
         stats[system.name] = summarize(records, plan.count, plan.t0)
         info["box_slowdown"] = PROBE.slowdown(plan.t0, plan.t0 + stats[system.name]["drain_s"])
+        if limits is not None and limits.max_starts_per_s is not None:
+            info["starts_per_s_after_burst"] = starts_per_s_after_burst(records, limits.max_starts_per_s)
         if prof is not None:
             prof.join(opts.profile_s + 90)
             info["profile"] = (profile.summarize(prof.out_path, prof.sched) if prof.error is None
@@ -294,10 +313,24 @@ def spike(opts: Options, jobs: int, drain_s: float) -> Report:
             report.notes.append(f"{name}: {v['missing']:,} of {jobs:,} jobs had not run {drain_s:g} s after the "
                                 f"due instant (--drain-s); its rates and lateness cover the ones that ran")
     report.add("jobs done/s over the drain", {s: v["done_per_s"] for s, v in stats.items()}, True)
+    if limits is not None and limits.max_starts_per_s is not None:
+        report.add(f"handler starts/s after the first second's burst (limit {fmt(limits.max_starts_per_s)}/s)",
+                   {s: i["starts_per_s_after_burst"] for s, i in infos.items()}, True)
     _lateness_rows(report, stats)
     _cpu_rows(report, infos)
     report.raw.update(stats=stats, infos=infos)
     return report
+
+
+def starts_per_s_after_burst(records: list[Record], max_starts_per_s: float) -> float:
+    """The rate the handlers started at once the bucket's first second's worth of starts was
+    spent: the slope between the 25th and the 75th percentile of the later starts, so
+    neither the burst nor the drain's last stragglers weigh on it; nan if too few ran."""
+    later = sorted(r.start for r in records)[math.ceil(max_starts_per_s):]
+    lo, hi = len(later) // 4, 3 * len(later) // 4
+    if hi - lo < 2 or later[hi] <= later[lo]:
+        return math.nan
+    return (hi - lo) / (later[hi] - later[lo])
 
 
 # ---- 4. recurring ---------------------------------------------------------------------

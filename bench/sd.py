@@ -17,17 +17,20 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.common import (ROOT, WORKER_SLOTS, BenchError, CpuMeter, Record, die_with_parent, du_bytes, free_port_runs,
-                          iso_us, percentile, rss_bytes, wait_until)
+from bench.common import (ROOT, WORKER_SLOTS, BenchError, CpuMeter, Record, die_with_parent, du_bytes, fmt,
+                          free_port_runs, iso_us, percentile, rss_bytes, wait_until)
 from bench.feeder import QUEUE, create_jobs, feed_oneoff, job_body
 from bench.plan import OneOff
 
 BATCH_MAX = 100  # the server's create_batch_max
 NODE_START_S_MAX = 60.0
 STOP_S_MAX = 15.0
+# A fresh cluster refuses queue limits (409) until its nodes have exchanged the entry
+# versions they read, a few seconds after they start.
+QUEUE_LIMITS_S_MAX = 30.0
 
 
 def http_json(method: str, url: str, body: Any = None, timeout_s: float = 5.0) -> tuple[int, Any]:
@@ -38,6 +41,17 @@ def http_json(method: str, url: str, body: Any = None, timeout_s: float = 5.0) -
             return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """A queue's limits as `PUT /v1/queues/{name}` takes them; None: no such limit."""
+    max_running: int | None = None
+    max_starts_per_s: float | None = None
+
+    def __str__(self) -> str:
+        shown = {k: "none" if v is None else fmt(v) for k, v in asdict(self).items()}
+        return f"queue {QUEUE!r} limits: " + ", ".join(f"{k} {v}" for k, v in shown.items())
 
 
 @dataclass
@@ -297,6 +311,21 @@ class SdSystem:
             self.fleet.stop()
         finally:
             self.cluster.stop()
+
+    def limit_queue(self, limits: QueueLimits, timeout_s: float = QUEUE_LIMITS_S_MAX) -> dict[str, Any]:
+        """PUT the limits on the queue the bench's jobs use; a 409 is retried until timeout_s,
+        as a fresh cluster answers it until its nodes read the limits' entry version. Returns
+        the queue as the node answered it (the limits and each group's share)."""
+        url = f"{self.cluster.nodes[0].url}/v1/queues/{QUEUE}"
+        body = asdict(limits)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status, answer = http_json("PUT", url, body)
+            if status == 200:
+                return answer
+            if status != 409 or time.monotonic() >= deadline:
+                raise BenchError(f"PUT /v1/queues/{QUEUE} {body}: HTTP {status} {answer}")
+            time.sleep(0.2)
 
     def create(self, count: int, concurrency: int, batch: int, prefix: str) -> dict[str, Any]:
         far = iso_us(time.time() + 365 * 86_400)

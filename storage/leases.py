@@ -41,8 +41,9 @@ def lease_ready(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
     skipped = 0
     for worker_id, queues, want in cmd["grants"]:
         tasks: list[Record] = []
+        limited = budget is not None and budget.limits_any(queues)
         while len(tasks) < want:
-            open_queues = queues if budget is None else budget.open(queues)
+            open_queues = budget.open(queues) if limited else queues
             found = queries.ready(ctx.txn, ctx.tables, open_queues, now, want - len(tasks), oldest_first) \
                 if open_queues else []
             if not found:
@@ -50,14 +51,14 @@ def lease_ready(ctx: Ctx, cmd: dict[str, Any]) -> dict[str, Any]:
             # Each run found leaves the ready index, leased or skipped, or its queue reaches its
             # limit and leaves open_queues: the next read goes on.
             for queue, run_id in found:
-                if budget is not None and not budget.has_room(queue):
+                if limited and not budget.has_room(queue):
                     continue
                 task = _grant(ctx, records.get_run(ctx, run_id), worker_id, now, lease_until)
                 if task is None:
                     skipped += 1
                     continue
                 tasks.append(task)
-                if budget is not None:
+                if limited:
                     budget.took(queue)
         grants.append([worker_id, tasks])
     if budget is not None:

@@ -178,6 +178,10 @@ class Budget:
                 self._changed.add(queue)
         return self._limits[queue]
 
+    def limits_any(self, queues: list[str]) -> bool:
+        """Whether any of these queues has limits in force (else nothing need be counted)."""
+        return any(self._limit(q) is not None for q in queues)
+
     def has_room(self, queue: str) -> bool:
         limit = self._limit(queue)
         if limit is None:
