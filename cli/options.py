@@ -111,6 +111,9 @@ def job_options(*, for_create: bool) -> Callable[[F], F]:
     if for_create:
         options.append(click.option("--idempotency-key", metavar="KEY",
                                     help="A repeat with this key returns the first job."))
+    else:
+        options.append(click.option("--no-skip-calendar", is_flag=True,
+                                    help="Skip no calendar's days any more (the job's skip_calendar to null)."))
 
     def apply(fn: F) -> F:
         for option in reversed(options):  # click lists options in decorator order
@@ -147,6 +150,10 @@ def job_fields(flags: Mapping[str, Any], *, schedule_required: bool) -> dict[str
         fields["target"] = target
     if flags["labels"]:
         fields["labels"] = _labels(flags["labels"])
+    if flags.get("no_skip_calendar"):
+        if "skip_calendar" in fields:
+            raise click.UsageError("--skip-calendar and --no-skip-calendar contradict each other: give one")
+        fields["skip_calendar"] = None
     return fields
 
 

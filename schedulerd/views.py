@@ -35,7 +35,7 @@ def job(rec: dict[str, Any], headers_shown: bool = True,
     # Built in its outward form at once (as `outward` would leave it): a batch create
     # answers with up to create_batch_max of these.
     namespace, job_id = split(rec["job_id"])
-    return {
+    view = {
         "job_id": job_id,
         "state": rec["state"],
         "schedule": rec["schedule_spec"],
@@ -72,6 +72,11 @@ def job(rec: dict[str, Any], headers_shown: bool = True,
         "updated_at": to_iso(rec["updated_us"]),
         "namespace": namespace,
     }
+    if "traceparent" in rec:  # only a job created with a trace context (W3C; schedulerd/tracing.py) has one
+        view["traceparent"] = rec["traceparent"]
+        if "tracestate" in rec:
+            view["tracestate"] = rec["tracestate"]
+    return view
 
 
 def _pause_cause(cause: dict[str, Any] | None) -> dict[str, Any] | None:

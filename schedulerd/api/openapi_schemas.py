@@ -196,6 +196,8 @@ def job_patch(limits: Limits) -> Schema:
             "properties": {name: fields[name] for name in sorted(jobspec.OPTION_FIELDS)}}
 
 
+TRACEPARENT: Schema = {"type": "string", "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+                       "description": "Only when the job was created with a W3C trace context"}
 JOB: Schema = {"type": "object", "properties": {
     "job_id": STR, "namespace": STR, "state": {"enum": [s.value for s in JobState]},
     "schedule": {"type": "object"}, "queue": STR, "payload": {}, "max_attempts": INT, "priority": INT,
@@ -210,7 +212,8 @@ JOB: Schema = {"type": "object", "properties": {
     "labels": {"type": "object", "additionalProperties": STR}, "description": nullable(STR),
     "runs_remaining": {"type": ["integer", "null"]}, "pause_on_failure": {"type": "boolean"},
     "pause_cause": {"type": ["object", "null"], "properties": {"reason": STR, "run_id": STR, "time": TIME}},
-    "skip_calendar": nullable(STR), "warnings": {"type": "array", "items": STR}}}
+    "skip_calendar": nullable(STR), "warnings": {"type": "array", "items": STR},
+    "traceparent": TRACEPARENT, "tracestate": STR}}
 RUN: Schema = {"type": "object", "properties": {
     "run_id": STR, "job_id": STR, "namespace": STR, "queue": STR, "state": {"enum": [s.value for s in RunState]},
     "scheduled_time": TIME, "available_at": nullable(TIME), "attempt": INT, "max_attempts": INT,
@@ -222,8 +225,7 @@ TASK: Schema = {"type": "object", "properties": {
     "fence": INT, "idempotency_key": STR, "lease_until": TIME, "payload": {}, "target": {"type": ["object", "null"]},
     "timeout_s": {"type": ["number", "null"]},
     # Only in a task whose job was created with a trace context (W3C; schedulerd/tracing.py).
-    "traceparent": {"type": "string", "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"},
-    "tracestate": STR}}
+    "traceparent": TRACEPARENT, "tracestate": STR}}
 ERROR: Schema = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["code", "message"], "properties": {"code": STR, "message": STR}}}}
 ITEM_RESULTS: Schema = {"type": "object", "properties": {"results": {"type": "array", "items": {

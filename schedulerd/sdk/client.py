@@ -114,6 +114,11 @@ def _retry_after_s(value: str | None) -> float:
         return 0.0
 
 
+def _trace_headers(traceparent: str | None, tracestate: str | None) -> dict[str, str]:
+    return {name: value for name, value in (("traceparent", traceparent), ("tracestate", tracestate))
+            if value is not None}
+
+
 def _maybe_applied(failures: Sequence[Exception]) -> bool:
     return any(
         isinstance(f, OutcomeUnknown) or (isinstance(f, _TransportError) and f.ambiguous)
@@ -161,8 +166,11 @@ class Client:
 
     # -- jobs ---------------------------------------------------------------
 
-    def create_job(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def create_job(self, spec: Mapping[str, Any], *, traceparent: str | None = None,
+                   tracestate: str | None = None) -> dict[str, Any]:
         """Create a job from `spec` (the body of `POST /v1/jobs`); returns the job.
+        `traceparent` and `tracestate` (W3C Trace Context) are sent as those headers: the job
+        keeps them and each of its tasks carries them (an invalid one is ignored, not refused).
 
         Safe to retry. Without a `job_id` in `spec` the client generates one
         (`uuid4().hex`) before the first attempt, so every attempt proposes the
@@ -185,10 +193,11 @@ class Client:
         if not body.get("job_id") and key is None:
             body["job_id"] = uuid.uuid4().hex
         job_id = body.get("job_id")
-        headers = {"Idempotency-Key": str(key)} if key is not None else None
+        headers = {**({"Idempotency-Key": str(key)} if key is not None else {}),
+                   **_trace_headers(traceparent, tracestate)}
         failures: list[Exception] = []
         try:
-            return self._request("POST", "/v1/jobs", body, failures=failures, headers=headers)
+            return self._request("POST", "/v1/jobs", body, failures=failures, headers=headers or None)
         except Conflict:
             # With a key our own landed attempt would have answered 200: a 409 is real.
             if key is not None or not _maybe_applied(failures):
@@ -202,11 +211,13 @@ class Client:
                     f"the job with idempotency_key {key!r} may have been created: retry with this key")
             raise OutcomeUnknown(f"{exc.message}; {what}") from exc
 
-    def create_jobs(self, specs: Sequence[Mapping[str, Any]], *, minimal: bool = False) -> list[dict[str, Any]]:
+    def create_jobs(self, specs: Sequence[Mapping[str, Any]], *, minimal: bool = False,
+                    traceparent: str | None = None, tracestate: str | None = None) -> list[dict[str, Any]]:
         """Create up to the server's create_batch_max jobs in one entry (`POST /v1/jobs:batch`);
         one result per spec, in order: `{"job_id", "ok", "job"}` or `{"job_id", "ok": false, "error"}`.
         With `minimal`, created jobs come back as `{"job_id", "ok": true}` alone
         (`Prefer: return=minimal`), lighter for the server and the wire in a bulk import.
+        `traceparent` and `tracestate` are each job's, as for `create_job`.
 
         Specs without job_id or idempotency_key get a generated job_id first, so a
         retried request proposes the same jobs; a job an ambiguous earlier attempt
@@ -214,9 +225,9 @@ class Client:
         bodies = [dict(spec) if spec.get("job_id") or spec.get("idempotency_key") is not None
                   else dict(spec, job_id=uuid.uuid4().hex) for spec in specs]
         failures: list[Exception] = []
-        headers = {"Prefer": "return=minimal"} if minimal else None
+        headers = {**({"Prefer": "return=minimal"} if minimal else {}), **_trace_headers(traceparent, tracestate)}
         results = self._request("POST", "/v1/jobs:batch", {"jobs": bodies}, failures=failures,
-                                headers=headers)["results"]
+                                headers=headers or None)["results"]
         if _maybe_applied(failures):
             for i, r in enumerate(results):
                 error = r.get("error") or {}

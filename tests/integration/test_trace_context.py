@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from schedulerd.sdk.client import Client
 from schedulerd.sdk.worker import Task, Worker
-from tests.integration.harness import wait_until
+from tests.integration.harness import http, wait_until
 
 trace = pytest.importorskip("opentelemetry.trace")
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
@@ -62,6 +63,10 @@ def test_a_creates_trace_context_reaches_the_task_and_the_handlers_span(make_clu
     by_job = {t["job_id"]: t for t in tasks}
     assert by_job["traced"]["traceparent"] == PARENT and by_job["traced"]["tracestate"] == "vendor=1,other=2"
     assert "traceparent" not in by_job["bad"] and "tracestate" not in by_job["bad"]
+    # The job shows the context it keeps; a job created without one shows none.
+    traced = http("GET", node.url + "/v1/jobs/traced")[1]
+    assert (traced["traceparent"], traced["tracestate"]) == (PARENT, "vendor=1,other=2"), traced
+    assert "traceparent" not in http("GET", node.url + "/v1/jobs/bad")[1]
 
     exporter = _exporter()
     seen: list[Task] = []
@@ -71,9 +76,9 @@ def test_a_creates_trace_context_reaches_the_task_and_the_handlers_span(make_clu
     def handle(task: Task) -> None:
         seen.append(task)
 
-    status, _ = _post(node.url + "/v1/jobs", {"job_id": "worked", "schedule": {"at": "2020-01-01T00:00:00Z"},
-                                              "queue": "handled"}, {"traceparent": PARENT})
-    assert status == 201
+    created = Client([node.url]).create_job({"job_id": "worked", "schedule": {"at": "2020-01-01T00:00:00Z"},
+                                             "queue": "handled"}, traceparent=PARENT)  # the SDK sends the header
+    assert created["traceparent"] == PARENT and "tracestate" not in created
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

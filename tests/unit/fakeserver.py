@@ -24,7 +24,7 @@ JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # Scheduling options a job accepts on create and PATCH (docs/api.md); stored as given.
 OPTIONS = ("misfire_policy", "catchup_limit", "starting_deadline_s", "overlap_policy", "backoff",
            "timeout_s", "jitter_s", "history_limit", "finished_ttl_s", "history_ttl_s", "keep_dead_letters",
-           "max_runs", "labels", "description")
+           "max_runs", "labels", "description", "skip_calendar")
 PATCHABLE = {"schedule", "queue", "payload", "max_attempts", "priority", *OPTIONS}
 PREVIEW_N_MAX = 100
 # Faults a test can script for the next matching request.

@@ -339,6 +339,14 @@ def test_update_sends_only_what_was_given(one):
     assert "priority:       5" in result.stdout.splitlines()
 
 
+def test_update_no_skip_calendar_sends_null(one):
+    cluster, server = one
+    run(server, "create", "--id", "j1", "--every", "5s")
+    run(server, "update", "j1", "--no-skip-calendar")
+    [patch] = cluster.requests("PATCH", "/v1/jobs/j1")
+    assert patch.body == {"skip_calendar": None}
+
+
 def test_update_with_every_option_and_a_new_schedule(one):
     cluster, server = one
     run(server, "create", "--id", "j1", "--every", "5s")
@@ -361,6 +369,8 @@ def test_update_with_every_option_and_a_new_schedule(one):
                                  "not one of 'fire_all', 'fire_once', 'skip'."),
     (["--backoff-factor", "11"], "error: usage: Invalid value for '--backoff-factor': "
                                  "11.0 is not in the range 1<=x<=10."),
+    (["--skip-calendar", "hol", "--no-skip-calendar"],
+     "error: usage: --skip-calendar and --no-skip-calendar contradict each other: give one"),
 ])
 def test_bad_update_flags_fail_before_any_request(one, flags, expected):
     cluster, server = one
