@@ -637,7 +637,7 @@ class Model:
                     return r["available_us"], r["queue"], r["run_id"].encode()
                 return -r["priority"], queues.index(r["queue"]), r["available_us"], r["run_id"].encode()
             ready = sorted((r for r in self.runs.values() if self._leasable(r, now) and r["queue"] in queues), key=order)
-            if limits is not None and want > 0:
+            if limits is not None:  # the group takes the entry's newer limits of every queue a poll names
                 for queue in queues:
                     limits.load(queue)
             got = []
