@@ -26,22 +26,15 @@ def queue() -> None:
     """
 
 
-def _count(value: str) -> int | None:
+def _parsed(value: str, kind: type[int] | type[float], flag: str) -> int | float | None:
+    """A limit as given: a number of `kind`, or `none` (None: lifted)."""
     if value == NONE:
         return None
     try:
-        return int(value)
+        return kind(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a whole number or {NONE!r}", param_hint="'--max-running'") from None
-
-
-def _rate(value: str) -> float | None:
-    if value == NONE:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a number or {NONE!r}", param_hint="'--max-starts-per-s'") from None
+        what = "a whole number" if kind is int else "a number"
+        raise click.BadParameter(f"{value!r} is not {what} or {NONE!r}", param_hint=f"'{flag}'") from None
 
 
 @queue.command("set")
@@ -63,8 +56,9 @@ def set_limits(session: Session, name: str, max_running: str | None, max_starts_
     """
     if max_running is None and max_starts_per_s is None:
         raise click.UsageError("give --max-running or --max-starts-per-s (or both)")
-    given = {**({"max_running": _count(max_running)} if max_running is not None else {}),
-             **({"max_starts_per_s": _rate(max_starts_per_s)} if max_starts_per_s is not None else {})}
+    given = {**({"max_running": _parsed(max_running, int, "--max-running")} if max_running is not None else {}),
+             **({"max_starts_per_s": _parsed(max_starts_per_s, float, "--max-starts-per-s")}
+                if max_starts_per_s is not None else {})}
     limits = {**(session.client.get_queue(name) if len(given) < 2 else {}), **given}
     running, rate = limits["max_running"], limits["max_starts_per_s"]
     session.show(session.client.set_queue_limits(name, running, rate), queue_text)

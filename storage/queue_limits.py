@@ -15,14 +15,14 @@ counting at its first entry of version QUEUE_LIMITS_SINCE, from its lease index,
 replica's count is a function of the same state, whatever build applied the entries before."""
 from __future__ import annotations
 
+import sys
 import zlib
 from typing import Any, Iterable
 
 import lmdb
 
-from schedulerd.storage import keys
+from schedulerd.storage import keys, queries
 from schedulerd.storage.codec import pack, unpack
-from schedulerd.storage.layouts import RUNS
 from schedulerd.storage.tables import Tables
 
 TOKEN = 1_000_000  # micro-tokens in a token: the bucket counts in integers, alike on every replica
@@ -82,11 +82,7 @@ def start_counting(txn: lmdb.Transaction, t: Tables) -> None:
     """Count the running runs of each queue from the lease index (each running run has a key
     there), once, at the group's first entry of version QUEUE_LIMITS_SINCE."""
     counts: dict[str, int] = {}
-    with txn.cursor(db=t.leases) as cur:
-        for key in cur.iternext(keys=True, values=False):
-            raw = txn.get(keys.run_key(keys.split_lease_key(key)[1]), None, t.runs)
-            queue = RUNS.unpack(raw)["queue"]
-            counts[queue] = counts.get(queue, 0) + 1
+    queries.running_by_queue(txn, t, sys.maxsize, counts)
     for queue in sorted(counts):
         txn.put(_RUNNING + queue.encode(), keys.u64(counts[queue]), True, True, False, t.meta)
     txn.put(COUNTED, b"", True, True, False, t.meta)
