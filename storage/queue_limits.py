@@ -15,7 +15,6 @@ counting at its first entry of version QUEUE_LIMITS_SINCE, from its lease index,
 replica's count is a function of the same state, whatever build applied the entries before."""
 from __future__ import annotations
 
-import sys
 import zlib
 from typing import Any, Iterable
 
@@ -82,7 +81,7 @@ def start_counting(txn: lmdb.Transaction, t: Tables) -> None:
     """Count the running runs of each queue from the lease index (each running run has a key
     there), once, at the group's first entry of version QUEUE_LIMITS_SINCE."""
     counts: dict[str, int] = {}
-    queries.running_by_queue(txn, t, sys.maxsize, counts)
+    queries.running_by_queue(txn, t, txn.stat(t.leases)["entries"], counts)  # the whole index
     for queue in sorted(counts):
         txn.put(_RUNNING + queue.encode(), keys.u64(counts[queue]), True, True, False, t.meta)
     txn.put(COUNTED, b"", True, True, False, t.meta)
